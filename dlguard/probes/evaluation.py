@@ -1,0 +1,41 @@
+"""Running a model the way probes do: eval mode, parameter gradients off."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from torch import nn
+
+from dlguard.probes._state import _ModelState
+
+__all__ = ["evaluation"]
+
+
+@contextmanager
+def evaluation(model: nn.Module) -> Iterator[nn.Module]:
+    """Put ``model`` in eval mode with ``requires_grad=False`` on every parameter.
+
+    Gradients with respect to *inputs* still flow (attacks and gradient indicators need them).
+    On exit, also after an exception, every module's train/eval flag, every parameter's
+    ``requires_grad`` and every buffer are restored exactly.
+
+    Yields:
+        The same ``model``.
+
+    Example:
+        >>> from torch import nn
+        >>> net = nn.Sequential(nn.Linear(2, 2), nn.Dropout())
+        >>> with evaluation(net):
+        ...     net.training, net[0].weight.requires_grad
+        (False, False)
+        >>> net.training, net[0].weight.requires_grad
+        (True, True)
+    """
+    state = _ModelState(model)
+    try:
+        model.eval()
+        model.requires_grad_(False)
+        yield model
+    finally:
+        state.restore()

@@ -1,0 +1,31 @@
+"""Test configuration: markers for slow, GPU and multi-process tests; W&B kept offline."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-slow", action="store_true", help="also run tests marked slow")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    run_slow = config.getoption("--run-slow") or os.environ.get("DLGUARD_RUN_SLOW") == "1"
+    skip_slow = pytest.mark.skip(reason="slow: run with --run-slow or DLGUARD_RUN_SLOW=1")
+    skip_gpu = pytest.mark.skip(reason="gpu: no CUDA device on this machine")
+    for item in items:
+        if "slow" in item.keywords and not run_slow:
+            item.add_marker(skip_slow)
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _wandb_offline(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never let a test reach the W&B servers or write into the working directory."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path_factory.mktemp("wandb")))
