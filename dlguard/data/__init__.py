@@ -1,0 +1,14 @@
+"""Data: the embedded MNIST datamodule and balanced sampling of correct predictions."""
+
+from dlguard.data.images import LabelledImages
+from dlguard.data.mnist import MNISTDataModule, embedded_mnist
+from dlguard.data.sampling import BalancedSubset, balanced_correct_subset, model_device
+
+__all__ = [
+    "BalancedSubset",
+    "LabelledImages",
+    "MNISTDataModule",
+    "balanced_correct_subset",
+    "embedded_mnist",
+    "model_device",
+]

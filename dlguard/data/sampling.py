@@ -1,0 +1,149 @@
+"""Balanced sampling of correctly predicted inputs (SPEC §5)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from dlguard.probes import evaluation
+
+__all__ = ["BalancedSubset", "balanced_correct_subset", "model_device"]
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter or buffer (CPU for a model with neither)."""
+    for tensor in (*model.parameters(), *model.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
+class BalancedSubset(Subset):
+    """A :class:`~torch.utils.data.Subset` that also says what balanced sampling found.
+
+    Attributes:
+        found_per_class: ``{class: correctly predicted inputs available}``.
+        drawn_per_class: ``{class: inputs kept}`` (``min(found, per_class)``).
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        indices: Sequence[int],
+        found_per_class: dict[int, int],
+        drawn_per_class: dict[int, int],
+    ) -> None:
+        super().__init__(dataset, indices)
+        self.found_per_class = found_per_class
+        self.drawn_per_class = drawn_per_class
+
+    def __repr__(self) -> str:
+        return f"BalancedSubset({len(self)} inputs, per class {self.drawn_per_class})"
+
+
+def _check_labelled(dataset: Dataset) -> None:
+    try:
+        size = len(dataset)  # type: ignore[arg-type]
+    except TypeError as err:
+        raise ValueError("dataset: expected a map-style dataset with a length") from err
+    if size == 0:
+        raise ValueError("dataset: is empty; balanced sampling needs labelled inputs")
+    item = dataset[0]
+    label = item[1] if isinstance(item, tuple | list) and len(item) >= 2 else None
+    is_label = isinstance(label, int) or (isinstance(label, Tensor) and label.numel() == 1)
+    if not is_label or isinstance(label, bool):
+        raise ValueError(
+            "dataset: expected items (input, label) with an integer label, got an item of type "
+            f"{type(item).__name__}" + (f" whose second element is {type(label).__name__}" if label is not None else "")
+        )
+
+
+def balanced_correct_subset(
+    model: nn.Module,
+    dataset: Dataset,
+    per_class: int = 200,
+    seed: int = 0,
+    *,
+    batch_size: int = 256,
+    num_classes: int | None = None,
+    output_transform: Callable[[Any], Tensor] | None = None,
+) -> BalancedSubset:
+    """Keep only inputs ``model`` classifies correctly, then draw ``per_class`` of each class.
+
+    The model runs batched on its own device under :func:`~dlguard.probes.evaluation` (left as it
+    was afterwards). Classes with fewer correct inputs than ``per_class`` are used whole and a
+    warning gives the counts; the draw is uniform with a fixed ``seed``.
+
+    Args:
+        model: maps a batch to logits ``(B, K)`` (or to anything ``output_transform`` maps there).
+        dataset: map-style dataset of ``(input, label)``.
+        per_class: inputs to keep per class.
+        seed: seed of the draw.
+        batch_size: batch size of the prediction pass.
+        num_classes: classes to sample (``0..num_classes-1``); default: the labels present.
+        output_transform: adapts the model's output to logits.
+
+    Returns:
+        A :class:`BalancedSubset` ordered class by class, with ``found_per_class`` and
+        ``drawn_per_class``.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from torch.utils.data import TensorDataset
+        >>> x = torch.arange(8.0).reshape(8, 1)
+        >>> y = torch.tensor([0, 1, 0, 1, 0, 1, 0, 1])
+        >>> oracle = nn.Linear(1, 2)  # predicts class 1 when x > 3.5
+        >>> with torch.no_grad():
+        ...     _ = oracle.weight.copy_(torch.tensor([[-1.0], [1.0]])), oracle.bias.copy_(torch.tensor([3.5, -3.5]))
+        >>> subset = balanced_correct_subset(oracle, TensorDataset(x, y), per_class=2, seed=0)
+        >>> subset.found_per_class, sorted(int(y[i]) for i in subset.indices)
+        ({0: 2, 1: 2}, [0, 0, 1, 1])
+    """
+    if isinstance(per_class, bool) or not isinstance(per_class, int) or per_class <= 0:
+        raise ValueError(f"per_class: expected a positive integer, got {per_class!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size: expected at least 1, got {batch_size}")
+    _check_labelled(dataset)
+
+    device = model_device(model)
+    correct_parts, label_parts = [], []
+    with evaluation(model), torch.no_grad():
+        for inputs, labels in DataLoader(dataset, batch_size=batch_size, shuffle=False):
+            labels = torch.as_tensor(labels, device=device).reshape(-1).long()
+            logits = model(inputs.to(device))
+            if output_transform is not None:
+                logits = output_transform(logits)
+            if not isinstance(logits, Tensor) or logits.ndim != 2 or logits.shape[0] != labels.shape[0]:
+                shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+                raise ValueError(
+                    f"model: expected logits of shape (B, K) = ({labels.shape[0]}, K), got {shape}; "
+                    "pass output_transform to adapt other outputs"
+                )
+            correct_parts.append(logits.argmax(dim=1) == labels)
+            label_parts.append(labels)
+    correct = torch.cat(correct_parts).cpu()
+    labels = torch.cat(label_parts).cpu()
+
+    classes = range(num_classes) if num_classes is not None else labels.unique().tolist()
+    generator = torch.Generator().manual_seed(seed)
+    indices: list[int] = []
+    found: dict[int, int] = {}
+    drawn: dict[int, int] = {}
+    for cls in classes:
+        candidates = torch.nonzero(correct & (labels == cls)).flatten()
+        chosen = candidates[torch.randperm(len(candidates), generator=generator)[:per_class]]
+        indices.extend(chosen.sort().values.tolist())
+        found[int(cls)], drawn[int(cls)] = len(candidates), len(chosen)
+    short = {cls: count for cls, count in found.items() if count < per_class}
+    if short:
+        warnings.warn(
+            f"balanced_correct_subset: fewer than per_class={per_class} correctly predicted inputs "
+            f"for classes {short} (class: count found); those classes are used whole",
+            stacklevel=2,
+        )
+    return BalancedSubset(dataset, indices, found, drawn)
