@@ -1,0 +1,75 @@
+"""matplotlib figures shared by the demo, callbacks and recipes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # figures are written to files or W&B, never shown on a screen
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from torch import Tensor
+
+__all__ = ["plot_image_grid", "plot_training_curves"]
+
+
+def plot_training_curves(history: Sequence[Mapping[str, float]]) -> Figure:
+    """Plot per-epoch scalars: losses on the left axis, ``*acc*`` values on the right one.
+
+    Args:
+        history: one mapping per epoch, e.g. ``{"epoch": 0, "val_loss": 0.3, "val_acc": 0.91}``.
+
+    Example:
+        >>> fig = plot_training_curves([{"epoch": 0, "val_acc": 0.8}, {"epoch": 1, "val_acc": 0.9}])
+        >>> [line.get_label() for line in fig.axes[1].get_lines()]
+        ['val_acc']
+    """
+    figure, loss_axis = plt.subplots(figsize=(6, 3.5))
+    acc_axis = loss_axis.twinx()
+    epochs = [row.get("epoch", i) for i, row in enumerate(history)]
+    keys = sorted({key for row in history for key in row if key != "epoch"})
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, key in enumerate(keys):
+        points = [(e, row[key]) for e, row in zip(epochs, history, strict=True) if key in row]
+        is_accuracy = "acc" in key
+        (acc_axis if is_accuracy else loss_axis).plot(
+            [p[0] for p in points],
+            [p[1] for p in points],
+            marker="o",
+            label=key,
+            color=colours[index % len(colours)],
+            linestyle="--" if is_accuracy else "-",
+        )
+    loss_axis.xaxis.get_major_locator().set_params(integer=True)
+    loss_axis.set_xlabel("epoch")
+    loss_axis.set_ylabel("loss")
+    acc_axis.set_ylabel("accuracy")
+    handles = loss_axis.get_lines() + acc_axis.get_lines()
+    loss_axis.legend(handles, [h.get_label() for h in handles], loc="center right")
+    figure.tight_layout()
+    return figure
+
+
+def plot_image_grid(images: Tensor, captions: Sequence[str], columns: int = 8) -> Figure:
+    """Show images ``(N, C, H, W)`` in ``[0, 1]`` in a grid, each with its caption.
+
+    Example:
+        >>> import torch
+        >>> fig = plot_image_grid(torch.rand(3, 1, 8, 8), ["a", "b", "c"], columns=2)
+        >>> len([ax for ax in fig.axes if ax.get_title()])
+        3
+    """
+    count = max(len(images), 1)
+    columns = min(columns, count)
+    rows = (count + columns - 1) // columns
+    figure, axes = plt.subplots(rows, columns, figsize=(1.4 * columns, 1.6 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, image, caption in zip(axes.flat, images, captions, strict=False):
+        pixels = image.detach().float().cpu().clamp(0, 1).permute(1, 2, 0).numpy()
+        ax.imshow(pixels.squeeze(-1) if pixels.shape[-1] == 1 else pixels, cmap="gray", vmin=0, vmax=1)
+        ax.set_title(caption, fontsize=8)
+    figure.tight_layout()
+    return figure

@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlguard.cli import main
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_dlguard_demo_fast_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    executable = shutil.which("dlguard") or str(Path(sys.executable).with_name("dlguard"))
+    env = {**os.environ, "WANDB_DIR": str(tmp_path / "wandb-dir"), "WANDB_MODE": "offline"}
+    result = subprocess.run(
+        [executable, "demo", "--fast", "--out", str(out), "--wandb", "offline"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "validation accuracy" in result.stdout
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["epochs"] == 3 and len(summary["history"]) == 3
+    assert summary["val_acc"] > 0.8
+    # our post-fit evaluation agrees with what Lightning logged for the last epoch
+    assert summary["val_acc"] == pytest.approx(summary["history"][-1]["val_acc"], abs=1e-4)
+    per_class = summary["per_class_acc"].values()
+    assert sum(per_class) / 10 == pytest.approx(summary["val_acc"], abs=1e-3)  # 100 images per class
+    assert sum(map(sum, summary["confusion_matrix"])) == 1000
+    assert summary["wandb"] == "offline" and "ModelCheckpoint" in summary["callbacks"]
+    for name in ("training_curves.png", "confusion_matrix.png", "misclassified.png"):
+        assert name in summary["figures"] and (out / name).read_bytes()[:8] == PNG
+    assert (out / "metrics.csv").is_file() and list((out / "checkpoints").glob("*.ckpt"))
+    offline_runs = list((out / "wandb").glob("offline-run-*"))
+    assert len(offline_runs) == 1 and list(offline_runs[0].rglob("training_curves_*.png"))
+
+
+def test_demo_without_wandb_writes_no_wandb_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--epochs", "1", "--out", str(tmp_path), "--wandb", "disabled"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["wandb"] == "disabled" and summary["epochs"] == 1
+    assert not (tmp_path / "wandb").exists()
+    assert "run folder" in capsys.readouterr().out
+
+
+def test_demo_rejects_bad_epochs(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["demo", "--epochs", "0"])
+    assert "--epochs: expected at least 1" in capsys.readouterr().err
