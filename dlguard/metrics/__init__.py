@@ -1,3 +1,5 @@
 """torchmetrics metrics of dlguard; each delegates its maths to :mod:`dlguard.metrics.functional`."""
 
-__all__: list[str] = []
+from dlguard.metrics.dscore import DScore
+
+__all__ = ["DScore"]

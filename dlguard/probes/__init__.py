@@ -4,12 +4,15 @@ from dlguard.probes.capture import capture_activations
 from dlguard.probes.evaluation import evaluation
 from dlguard.probes.intervene import intervene
 from dlguard.probes.layers import LayerSpec, resolve_layers, select_layers
+from dlguard.probes.region_deletion import deletion_mutant_logits, region_keep_masks
 
 __all__ = [
     "LayerSpec",
     "capture_activations",
+    "deletion_mutant_logits",
     "evaluation",
     "intervene",
+    "region_keep_masks",
     "resolve_layers",
     "select_layers",
 ]

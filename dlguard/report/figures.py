@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import matplotlib
 
 matplotlib.use("Agg")  # figures are written to files or W&B, never shown on a screen
 
 import matplotlib.pyplot as plt
+import numpy as np
 from matplotlib.figure import Figure
 from torch import Tensor
 
-__all__ = ["plot_image_grid", "plot_training_curves"]
+if TYPE_CHECKING:
+    from dlguard.metrics.functional.dscore import DScoreResult
+
+__all__ = ["plot_dscore_heatmaps", "plot_image_grid", "plot_training_curves"]
 
 
 def plot_training_curves(history: Sequence[Mapping[str, float]]) -> Figure:
@@ -72,4 +77,46 @@ def plot_image_grid(images: Tensor, captions: Sequence[str], columns: int = 8) -
         ax.imshow(pixels.squeeze(-1) if pixels.shape[-1] == 1 else pixels, cmap="gray", vmin=0, vmax=1)
         ax.set_title(caption, fontsize=8)
     figure.tight_layout()
+    return figure
+
+
+def plot_dscore_heatmaps(result: DScoreResult, title: str | None = None) -> Figure:
+    """Feature distribution ``f̃`` and attention distribution ``ã`` as ``n x n`` heatmaps.
+
+    Example:
+        >>> from dlguard.metrics.functional import d_score
+        >>> fig = plot_dscore_heatmaps(d_score(0.9, [0.9, 0.8, 0.85, 0.9], [0.5, 0.6, 0.7, 0.8], 10))
+        >>> [ax.get_title() for ax in fig.axes[:2]]
+        ['feature distribution f̃', 'attention distribution ã']
+    """
+    cells = result.feature_distribution.numel()
+    n = round(cells**0.5)
+    figure, axes = plt.subplots(1, 2, figsize=(7, 3.4))
+    top = float(max(result.feature_distribution.max(), result.attention_distribution.max()))
+    for ax, values, name in (
+        (axes[0], result.feature_distribution, "feature distribution f̃"),
+        (axes[1], result.attention_distribution, "attention distribution ã"),
+    ):
+        grid = values.detach().double().cpu().reshape(n, n).numpy()
+        image = ax.imshow(grid, cmap="viridis", vmin=0, vmax=top)
+        for (row, col), value in np.ndenumerate(grid):
+            ax.text(
+                col,
+                row,
+                f"{value:.3f}",
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white" if value < top / 2 else "black",
+            )
+        ax.set_title(name)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    figure.colorbar(image, ax=list(axes), shrink=0.8)
+    figure.suptitle(
+        title
+        or f"D-Score {float(result.d_score):.4f}   v_robust {float(result.v_robust):.4f}   "
+        f"v_fitness {float(result.v_fitness):.4f}",
+        fontsize=9,
+    )
     return figure

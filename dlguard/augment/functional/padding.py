@@ -1,0 +1,52 @@
+"""Random padding then resize, as an affine map (score-guided padding, SPEC §1)."""
+
+from __future__ import annotations
+
+import torch
+from kornia.geometry.transform import warp_affine
+from torch import Tensor
+
+from dlguard.augment.functional._checks import check_images
+
+__all__ = ["pad_resize", "pad_resize_matrix"]
+
+
+def pad_resize_matrix(height: int, width: int, pad_x: Tensor, pad_y: Tensor, left: Tensor, top: Tensor) -> Tensor:
+    """``(B, 3, 3)`` pixel-coordinate matrices of "zero-pad, then resize back to ``(H, W)``".
+
+    Padding ``pad_x`` pixels in total horizontally (``left`` of them before the image) and
+    ``pad_y`` vertically (``top`` before) and resizing back is the affine map
+    ``x' = (x + 0.5 + left)·W/(W + pad_x) − 0.5`` (likewise ``y``), pixel centres at integers.
+    """
+    scale_x = width / (width + pad_x)
+    scale_y = height / (height + pad_y)
+    matrix = torch.zeros(len(pad_x), 3, 3, device=pad_x.device, dtype=pad_x.dtype)
+    matrix[:, 0, 0] = scale_x
+    matrix[:, 1, 1] = scale_y
+    matrix[:, 0, 2] = (0.5 + left) * scale_x - 0.5
+    matrix[:, 1, 2] = (0.5 + top) * scale_y - 0.5
+    matrix[:, 2, 2] = 1
+    return matrix
+
+
+def pad_resize(images: Tensor, ratio: Tensor, left: Tensor, top: Tensor) -> Tensor:
+    """Pad each image by ``ratio·side`` in total (``left``/``top`` pixels before it), resize back.
+
+    Batched and differentiable (one ``warp_affine``); per-sample ``ratio``, ``left``, ``top`` of
+    shape ``(B,)``, with ``0 <= left <= ratio·W`` and ``0 <= top <= ratio·H``.
+
+    Example:
+        >>> import torch
+        >>> x = torch.ones(1, 1, 8, 8)
+        >>> out = pad_resize(x, torch.tensor([1.0]), torch.tensor([0.0]), torch.tensor([0.0]))
+        >>> out[0, 0, :4, :4].mean().item() > 0.9, out[0, 0, 5:, 5:].max().item() < 0.1
+        (True, True)
+    """
+    check_images(images)
+    batch, _, height, width = images.shape
+    for name, value in (("ratio", ratio), ("left", left), ("top", top)):
+        if value.shape != (batch,):
+            raise ValueError(f"{name}: expected shape ({batch},), got {tuple(value.shape)}")
+    ratio = ratio.to(images)
+    matrix = pad_resize_matrix(height, width, ratio * width, ratio * height, left.to(images), top.to(images))
+    return warp_affine(images, matrix[:, :2], (height, width), align_corners=False).clamp(0, 1)

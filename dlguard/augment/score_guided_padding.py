@@ -1,0 +1,65 @@
+"""Score-guided padding: random pad-and-resize whose strength follows D-Score's ``v_robust``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from kornia.augmentation import GeometricAugmentationBase2D
+from kornia.geometry.transform import warp_affine
+from torch import Tensor
+
+from dlguard.augment.functional.padding import pad_resize_matrix
+
+__all__ = ["ScoreGuidedPadding"]
+
+
+class ScoreGuidedPadding(GeometricAugmentationBase2D):
+    """With probability ``p``, pad an image of side ``d̂`` to ``(1 + p)·d̂`` and resize it back.
+
+    The horizontal total ``p·W`` is split at random, ``d_l ~ U(0, p·W)``, ``d_r = p·W − d_l``, the
+    vertical total likewise (SPEC §1); one ``p`` is both the probability and the padding ratio.
+    :class:`~dlguard.callbacks.DScoreCallback` sets ``p = clip(v_robust / g(n), 0, 1)`` from each
+    measurement; standalone, set ``p`` yourself (or from
+    :func:`~dlguard.metrics.functional.d_score`'s ``augment_probability``). Batched and
+    differentiable: one affine warp per batch. Parameters replay with ``aug(x, params=aug._params)``.
+
+    Args:
+        p: probability and padding ratio in ``[0, 1]``.
+        same_on_batch: one split for the whole batch.
+        keepdim: keep a ``(C, H, W)`` input unbatched.
+
+    Example:
+        >>> import torch
+        >>> aug = ScoreGuidedPadding(p=1.0)
+        >>> _ = torch.manual_seed(0)
+        >>> out = aug(torch.ones(2, 1, 8, 8))
+        >>> out.shape, bool((out < 0.5).any())  # shrunk by half, zero border somewhere
+        (torch.Size([2, 1, 8, 8]), True)
+    """
+
+    def __init__(self, p: float = 0.5, same_on_batch: bool = False, keepdim: bool = False) -> None:
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"p: expected a probability in [0, 1], got {p}")
+        super().__init__(p=p, same_on_batch=same_on_batch, keepdim=keepdim)
+
+    def generate_parameters(self, batch_shape: tuple[int, ...]) -> dict[str, Tensor]:
+        batch, height, width = batch_shape[0], batch_shape[-2], batch_shape[-1]
+        draws = torch.rand(1 if self.same_on_batch else batch, 2, device=self.device, dtype=self.dtype)
+        draws = draws.expand(batch, 2)
+        ratio = torch.full((batch,), float(self.p), device=self.device, dtype=self.dtype)
+        return {"ratio": ratio, "left": draws[:, 0] * ratio * width, "top": draws[:, 1] * ratio * height}
+
+    def compute_transformation(self, input: Tensor, params: dict[str, Tensor], flags: dict[str, Any]) -> Tensor:
+        height, width = input.shape[-2:]
+        ratio = params["ratio"].to(input)
+        return pad_resize_matrix(
+            height, width, ratio * width, ratio * height, params["left"].to(input), params["top"].to(input)
+        )
+
+    def apply_transform(
+        self, input: Tensor, params: dict[str, Tensor], flags: dict[str, Any], transform: Tensor | None = None
+    ) -> Tensor:
+        if transform is None:
+            transform = self.compute_transformation(input, params, flags)
+        return warp_affine(input, transform[:, :2].to(input), input.shape[-2:], align_corners=False)

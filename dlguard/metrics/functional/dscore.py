@@ -1,0 +1,157 @@
+"""D-Score: feature and attention distributions of a CNN over an ``n x n`` grid (SPEC §1).
+
+Paper: *D-Score: A White-Box Diagnosis Score for CNNs Based on Mutation Operators* (papers/000_…).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["DScoreResult", "d_score", "g_bound"]
+
+
+class DScoreResult(NamedTuple):
+    """Everything D-Score derives from the accuracies; vectors are row-major over the ``n x n`` grid."""
+
+    d_score: Tensor
+    """``v_fitness − v_robust`` (higher is better)."""
+    v_fitness: Tensor
+    """``â − (1/n²)·‖f̃ − ã‖₂`` (higher is better)."""
+    v_robust: Tensor
+    """Spread of both distributions and of the translated accuracies (lower is better)."""
+    feature_distribution: Tensor
+    """``f̃_i``: share of the accuracy lost when region ``i`` of every conv output is deleted."""
+    attention_distribution: Tensor
+    """``ã_i``: share of the accuracy kept when the input is translated towards region ``i``."""
+    g_n: Tensor
+    """``g(n)``, the upper bound of ``v_robust``."""
+    augment_probability: Tensor
+    """``p = clip(v_robust / g(n), 0, 1)`` for score-guided padding."""
+
+
+def g_bound(n: int, num_classes: int) -> float:
+    """Upper bound of ``v_robust``: ``g(n) = 2·sqrt(n² − 1)/n³ + (1/n)·(K − 1)/K``.
+
+    Example:
+        >>> round(g_bound(3, 10), 4)
+        0.5095
+    """
+    _check_grid(n)
+    if num_classes < 2:
+        raise ValueError(f"num_classes: expected at least 2, got {num_classes}")
+    return 2 * math.sqrt(n * n - 1) / n**3 + (num_classes - 1) / (n * num_classes)
+
+
+def _check_grid(n: int) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        raise ValueError(f"n: expected an integer grid size of at least 2, got {n!r}")
+
+
+def _as_accuracy(name: str, value: float | Tensor) -> Tensor:
+    tensor = torch.as_tensor(value, dtype=torch.float64)
+    if torch.isnan(tensor).any():
+        raise ValueError(f"{name}: contains NaN")
+    if (tensor < 0).any() or (tensor > 1).any():
+        raise ValueError(
+            f"{name}: expected accuracies in [0, 1], got values in [{tensor.min():.4g}, {tensor.max():.4g}]"
+        )
+    return tensor
+
+
+def d_score(
+    baseline_accuracy: float | Tensor,
+    deletion_accuracy: Tensor,
+    translation_accuracy: Tensor,
+    num_classes: int,
+) -> DScoreResult:
+    r"""D-Score from the accuracies of the model, its region-deletion mutants and translated sets.
+
+    With ``â`` the baseline accuracy, ``f_i`` the accuracy of mutant ``i`` and ``a_i`` the accuracy
+    on the set translated towards region ``i`` (``i = 1..n²``):
+
+    - ``f̃_i = max(â − f_i, 0) / Σ_j max(â − f_j, 0)`` (uniform when every difference is 0)
+    - ``ã_i = a_i / Σ_j a_j`` (uniform when every ``a_i`` is 0)
+    - ``v_fitness = â − (1/n²)·sqrt(Σ (f̃_i − ã_i)²)``
+    - ``v_robust = (1/n²)·(‖f̃ − 1/n²‖₂ + ‖ã − 1/n²‖₂ + ‖a − â‖₂)``
+    - ``D-Score = v_fitness − v_robust``, ``p = clip(v_robust / g(n), 0, 1)``
+
+    Args:
+        baseline_accuracy: ``â`` in ``[0, 1]``.
+        deletion_accuracy: ``f``, ``n²`` accuracies in ``[0, 1]``, row-major over the grid.
+        translation_accuracy: ``a``, ``n²`` accuracies in ``[0, 1]``, row-major over the grid.
+        num_classes: ``K``, for ``g(n)``.
+
+    Returns:
+        :class:`DScoreResult` of float64 tensors (scalars, or ``(n²,)`` distributions).
+
+    Example (the paper's CIFAR-10 model, Tables III and IV, ``n = 3``):
+        >>> f = [.7735, .7576, .7775, .7609, .7104, .7615, .7708, .7556, .7760]
+        >>> a = [.4231, .4861, .4090, .5122, .6240, .5088, .4429, .5511, .4528]
+        >>> result = d_score(0.7966, f, a, num_classes=10)
+        >>> [round(float(v), 4) for v in (result.v_robust, result.v_fitness, result.d_score)]
+        [0.129, 0.7812, 0.6522]
+    """
+    baseline = _as_accuracy("baseline_accuracy", baseline_accuracy)
+    deletion = _as_accuracy("deletion_accuracy", deletion_accuracy).flatten()
+    translation = _as_accuracy("translation_accuracy", translation_accuracy).flatten()
+    if baseline.numel() != 1:
+        raise ValueError(f"baseline_accuracy: expected one accuracy, got {baseline.numel()} values")
+    if deletion.numel() != translation.numel():
+        raise ValueError(
+            f"deletion_accuracy and translation_accuracy: expected the same length, got "
+            f"{deletion.numel()} and {translation.numel()}"
+        )
+    cells = deletion.numel()
+    n = math.isqrt(cells)
+    if n * n != cells or n < 2:
+        raise ValueError(f"deletion_accuracy: expected n² accuracies with n >= 2 (4, 9, 16, ...), got {cells}")
+    g_n = torch.tensor(g_bound(n, num_classes), dtype=torch.float64)
+    baseline = baseline.reshape(())
+    uniform = torch.full_like(deletion, 1.0 / cells)
+
+    loss = (baseline - deletion).clamp(min=0)
+    feature = loss / loss.sum() if loss.sum() > 0 else uniform
+    attention = translation / translation.sum() if translation.sum() > 0 else uniform
+
+    v_fitness = baseline - torch.linalg.vector_norm(feature - attention) / cells
+    v_robust = (
+        torch.linalg.vector_norm(feature - uniform)
+        + torch.linalg.vector_norm(attention - uniform)
+        + torch.linalg.vector_norm(translation - baseline)
+    ) / cells
+    return DScoreResult(
+        d_score=v_fitness - v_robust,
+        v_fitness=v_fitness,
+        v_robust=v_robust,
+        feature_distribution=feature,
+        attention_distribution=attention,
+        g_n=g_n,
+        augment_probability=(v_robust / g_n).clamp(0, 1),
+    )
+
+
+def _dscore_update(
+    baseline_logits: Tensor, mutant_logits: Tensor, translated_logits: Tensor, target: Tensor
+) -> tuple[Tensor, Tensor, Tensor, int]:
+    """Correct counts of the baseline ``()``, each mutant ``(n²,)`` and each translated set ``(n²,)``."""
+    if baseline_logits.ndim != 2:
+        raise ValueError(f"baseline_logits: expected (B, K), got shape {tuple(baseline_logits.shape)}")
+    batch, classes = baseline_logits.shape
+    if target.shape != (batch,):
+        raise ValueError(f"target: expected shape ({batch},), got {tuple(target.shape)}")
+    for name, logits in (("mutant_logits", mutant_logits), ("translated_logits", translated_logits)):
+        if logits.ndim != 3 or logits.shape[1:] != (batch, classes):
+            raise ValueError(f"{name}: expected (n², {batch}, {classes}), got shape {tuple(logits.shape)}")
+    if mutant_logits.shape[0] != translated_logits.shape[0]:
+        raise ValueError(
+            f"mutant_logits and translated_logits: expected the same n², got {mutant_logits.shape[0]} "
+            f"and {translated_logits.shape[0]}"
+        )
+    baseline = (baseline_logits.argmax(-1) == target).sum()
+    deletion = (mutant_logits.argmax(-1) == target).sum(dim=1)
+    translation = (translated_logits.argmax(-1) == target).sum(dim=1)
+    return baseline, deletion, translation, batch

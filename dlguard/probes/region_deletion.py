@@ -1,0 +1,107 @@
+"""Region-deletion mutants of a CNN (D-Score's mutation operator, SPEC §1), evaluated batched."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from dlguard.probes.evaluation import evaluation
+from dlguard.probes.intervene import intervene
+from dlguard.probes.layers import LayerSpec, resolve_layers, select_layers
+
+__all__ = ["deletion_mutant_logits", "region_keep_masks"]
+
+
+def region_keep_masks(height: int, width: int, n: int, device: torch.device | None = None) -> Tensor:
+    """Masks ``(n², H, W)``: mask ``i`` is 0 on grid region ``i`` (row-major) and 1 elsewhere.
+
+    Region boundaries lie at ``round(j·H/n)`` and ``round(j·W/n)``; a map smaller than ``n`` has
+    some empty regions, whose masks are all ones.
+
+    Example:
+        >>> region_keep_masks(3, 3, 3)[4]
+        tensor([[1., 1., 1.],
+                [1., 0., 1.],
+                [1., 1., 1.]])
+    """
+    rows = [round(j * height / n) for j in range(n + 1)]
+    cols = [round(j * width / n) for j in range(n + 1)]
+    masks = torch.ones(n * n, height, width, device=device)
+    for r in range(n):
+        for c in range(n):
+            masks[r * n + c, rows[r] : rows[r + 1], cols[c] : cols[c + 1]] = 0
+    return masks
+
+
+def deletion_mutant_logits(
+    model: nn.Module,
+    images: Tensor,
+    n: int,
+    layers: LayerSpec | None = None,
+    *,
+    max_batch: int = 4096,
+    output_transform: Callable[[Any], Tensor] | None = None,
+) -> Tensor:
+    """Logits of the ``n²`` region-deletion mutants of ``model`` on ``images``: ``(n², B, K)``.
+
+    Mutant ``i`` zeroes region ``i`` of every selected conv layer's output (all channels) in one
+    forward pass. The probe batch is repeated once per mutant, each copy with its own mask, so
+    all mutants run in ``ceil(n²·B / max_batch)`` forward passes; the result equals running the
+    mutants one at a time. The model runs in eval mode on its own device and is left exactly as
+    it was (SPEC §0).
+
+    Args:
+        model: a network with ``Conv2d`` layers (or the ``layers`` given).
+        images: ``(B, C, H, W)`` on the model's device.
+        n: grid size (``n >= 2``).
+        layers: conv layers to mutate; default every ``Conv2d``.
+        max_batch: upper bound of the rows of one forward pass.
+        output_transform: adapts the model's output to logits.
+
+    Example:
+        >>> import torch
+        >>> from dlguard.zoo import mnist_a
+        >>> _ = torch.manual_seed(0)
+        >>> deletion_mutant_logits(mnist_a(), torch.rand(5, 1, 28, 28), n=3).shape
+        torch.Size([9, 5, 10])
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        raise ValueError(f"n: expected an integer grid size of at least 2, got {n!r}")
+    if max_batch < 1:
+        raise ValueError(f"max_batch: expected at least 1, got {max_batch}")
+    if images.ndim != 4:
+        raise ValueError(f"images: expected (B, C, H, W), got shape {tuple(images.shape)}")
+    selected = select_layers(model, types=nn.Conv2d) if layers is None else resolve_layers(model, layers)
+
+    mutants = n * n
+    per_pass = max(1, max_batch // max(len(images), 1))
+    chunk = len(images) if per_pass > 1 else max_batch  # split the images only when one copy is too big
+    masks: dict[tuple[int, int, torch.device], Tensor] = {}
+    current: dict[str, Any] = {}
+
+    def delete_regions(_name: str, output: Tensor) -> Tensor:
+        height, width = output.shape[-2:]
+        key = (height, width, output.device)
+        if key not in masks:
+            masks[key] = region_keep_masks(height, width, n, output.device).to(output.dtype)
+        ids, copies = current["ids"], current["copies"]
+        keep = masks[key][ids].repeat_interleave(copies, dim=0)  # (len(ids)·b, h, w)
+        return output * keep[:, None]
+
+    outputs = []
+    with evaluation(model), intervene(model, selected, delete_regions), torch.no_grad():
+        for start in range(0, len(images), chunk):
+            part = images[start : start + chunk]
+            rows = []
+            for first in range(0, mutants, per_pass):
+                ids = torch.arange(first, min(first + per_pass, mutants), device=images.device)
+                current.update(ids=ids, copies=len(part))
+                logits = model(part.repeat(len(ids), 1, 1, 1))
+                if output_transform is not None:
+                    logits = output_transform(logits)
+                rows.append(logits.reshape(len(ids), len(part), -1))
+            outputs.append(torch.cat(rows))
+    return torch.cat(outputs, dim=1)

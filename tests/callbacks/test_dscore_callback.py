@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.loggers import CSVLogger
+from torch import nn
+
+from dlguard.augment import ScoreGuidedPadding
+from dlguard.callbacks import DScoreCallback
+from dlguard.data import MNISTDataModule
+from dlguard.metrics.functional import d_score
+from dlguard.zoo import ClassifierModule, mnist_a, pretrained
+from tests.probes.fingerprint import assert_unchanged, fingerprint
+
+
+def fit(tmp_path: Path, callback: DScoreCallback, epochs: int = 2, net: nn.Module | None = None) -> L.Trainer:
+    L.seed_everything(0, verbose=False)
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        limit_train_batches=8,
+        limit_val_batches=4,
+        callbacks=[callback],
+        logger=CSVLogger(tmp_path, name="", version=""),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(ClassifierModule(net or pretrained("mnist_a").train()), datamodule=MNISTDataModule(batch_size=64))
+    return trainer
+
+
+def test_fit_logs_dscore_and_drives_the_guide(tmp_path: Path) -> None:
+    guide = ScoreGuidedPadding()
+    callback = DScoreCallback(n=3, probe_size=100, guide=guide)
+    trainer = fit(tmp_path, callback)
+    assert [record["epoch"] for record in callback.history] == [0, 1]  # never in the sanity check
+    latest = callback.latest
+    logged = trainer.callback_metrics
+    for key in ("d_score", "v_robust", "v_fitness", "baseline_acc"):
+        assert float(logged[f"dscore/{key}"]) == pytest.approx(latest[key], abs=1e-6)
+    assert guide.p == pytest.approx(latest["augment_probability"]) and 0 < guide.p < 1
+    assert float(logged["dscore/guide_p"]) == pytest.approx(guide.p)
+    # the record is consistent with the paper's formulas on its own accuracies
+    again = d_score(
+        latest["baseline_acc"], torch.tensor(latest["deletion_acc"]), torch.tensor(latest["translation_acc"]), 10
+    )
+    assert float(again.d_score) == pytest.approx(latest["d_score"], abs=1e-9)
+    assert (tmp_path / "dscore" / "dscore_distributions.png").is_file()
+
+
+def test_probe_is_a_random_fixed_draw_across_classes(tmp_path: Path) -> None:
+    callback = DScoreCallback(n=2, probe_size=100)
+    fit(tmp_path, callback)
+    images, target = callback._probe
+    assert images.shape == (100, 1, 28, 28)
+    assert len(target.unique()) == 10
+    module = ClassifierModule(mnist_a())
+    with torch.no_grad():
+        accuracy = (module(images).argmax(1) == target).float().mean()
+    before = fingerprint(module)
+    result = callback.measure(module, images, target)
+    assert_unchanged(module, before)
+    assert float(callback._metric.baseline_correct) / 100 == pytest.approx(float(accuracy))
+    assert result.feature_distribution.shape == (4,)
+
+
+def test_every_n_epochs(tmp_path: Path) -> None:
+    callback = DScoreCallback(n=2, probe_size=50, every_n_epochs=2)
+    fit(tmp_path, callback, epochs=3)
+    assert [record["epoch"] for record in callback.history] == [1]
+
+
+def test_guided_training_batch_is_replaced_in_place() -> None:
+    callback = DScoreCallback(n=2, guide=ScoreGuidedPadding(p=1.0))
+    images = torch.ones(4, 1, 16, 16)
+    batch = [images, torch.zeros(4, dtype=torch.long)]
+    callback.on_train_batch_start(None, None, batch, 0)
+    assert torch.equal(images, torch.ones(4, 1, 16, 16))  # nothing measured yet: untouched
+    callback.history.append({"augment_probability": 1.0})
+    callback.on_train_batch_start(None, None, batch, 0)
+    assert batch[0] is images and images.mean() < 0.5  # padded by (1 + p) = 2: a quarter stays bright
+
+
+def test_state_round_trip() -> None:
+    source = DScoreCallback(n=3, guide=ScoreGuidedPadding(p=0.1))
+    source.history.append({"epoch": 4, "d_score": 0.6, "augment_probability": 0.37})
+    source.guide.p = 0.37
+    target = DScoreCallback(n=3, guide=ScoreGuidedPadding(p=0.1))
+    target.load_state_dict(source.state_dict())
+    assert target.latest == source.latest and target.guide.p == 0.37
+    target.load_state_dict({})  # an old checkpoint without this callback's state
+    assert target.history == []
+    assert DScoreCallback(n=3).state_key != DScoreCallback(n=4).state_key
+
+
+def test_model_without_conv_fails_before_training(tmp_path: Path) -> None:
+    net = nn.Sequential(nn.Flatten(), nn.Linear(784, 10))
+    before = fingerprint(net)
+    with pytest.raises(
+        ValueError, match=r"no layer of type Conv2d.*available layers: net \(Sequential\), net.0 \(Flatten\)"
+    ):
+        fit(tmp_path, DScoreCallback(n=3), net=net)
+    assert_unchanged(net, before)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"n": 1}, "n: expected"),
+        ({"t": 1}, "t: expected an integer greater than 1"),
+        ({"probe_size": 0}, "probe_size"),
+        ({"every_n_epochs": 0}, "every_n_epochs"),
+        ({"guide": nn.Identity()}, "guide: expected a ScoreGuidedPadding"),
+    ],
+)
+def test_bad_arguments(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        DScoreCallback(**kwargs)
