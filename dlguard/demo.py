@@ -20,9 +20,12 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressB
 from lightning.pytorch.loggers import CSVLogger, Logger
 from torchmetrics.classification import MulticlassConfusionMatrix
 
+from dlguard.augment import ScoreGuidedPadding
+from dlguard.callbacks import DScoreCallback
 from dlguard.data import MNISTDataModule, model_device
+from dlguard.metrics.functional import d_score
 from dlguard.probes import evaluation
-from dlguard.report import log_figure, plot_image_grid, plot_training_curves
+from dlguard.report import log_figure, plot_dscore_heatmaps, plot_image_grid, plot_training_curves
 from dlguard.zoo import ClassifierModule, mnist_a
 
 __all__ = ["DemoConfig", "default_wandb_mode", "demo_callbacks", "run_demo"]
@@ -60,7 +63,20 @@ def demo_callbacks(config: DemoConfig) -> list[Callback]:
     return [
         TQDMProgressBar(),
         ModelCheckpoint(dirpath=config.out / "checkpoints", monitor="val_acc", mode="max"),
+        DScoreCallback(n=3, t=5, probe_size=500, guide=ScoreGuidedPadding(), seed=config.seed),
     ]
+
+
+def _dscore_outputs(callbacks: list[Callback]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The D-Score callback's history for the run folder and its final heatmaps."""
+    callback = next((cb for cb in callbacks if isinstance(cb, DScoreCallback)), None)
+    if callback is None or callback.latest is None:
+        return {}, {}
+    latest = callback.latest
+    result = d_score(latest["baseline_acc"], latest["deletion_acc"], latest["translation_acc"], num_classes=10)
+    summary = {key: round(latest[key], 4) for key in ("d_score", "v_robust", "v_fitness", "baseline_acc")}
+    summary["guide_p"] = round(latest["augment_probability"], 4)
+    return {"dscore": summary, "_dscore_history": callback.history}, {"dscore_heatmaps": plot_dscore_heatmaps(result)}
 
 
 def _loggers(config: DemoConfig) -> list[Logger]:
@@ -137,10 +153,14 @@ def run_demo(config: DemoConfig | None = None) -> dict[str, Any]:
         confusion = results.pop("_confusion")
         failures, captions = results.pop("_failures")
         history = _epoch_history(config.out / "metrics.csv")
+        dscore, dscore_figures = _dscore_outputs(callbacks)
+        if "_dscore_history" in dscore:
+            (config.out / "dscore.json").write_text(json.dumps(dscore.pop("_dscore_history"), indent=2))
         figures = {
             "training_curves": plot_training_curves(history),
             "confusion_matrix": confusion.plot()[0],
             "misclassified": plot_image_grid(failures, captions),
+            **dscore_figures,
         }
         written = [log_figure(trainer, key, fig, config.out, always_save=True) for key, fig in figures.items()]
         summary = {
@@ -149,6 +169,7 @@ def run_demo(config: DemoConfig | None = None) -> dict[str, Any]:
             "epochs": config.max_epochs,
             "seed": config.seed,
             **results,
+            **dscore,
             "history": history,
             "callbacks": [type(cb).__name__ for cb in callbacks],
             "wandb": config.wandb,

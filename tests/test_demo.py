@@ -37,7 +37,15 @@ def test_dlguard_demo_fast_end_to_end(tmp_path: Path) -> None:
     assert sum(per_class) / 10 == pytest.approx(summary["val_acc"], abs=1e-3)  # 100 images per class
     assert sum(map(sum, summary["confusion_matrix"])) == 1000
     assert summary["wandb"] == "offline" and "ModelCheckpoint" in summary["callbacks"]
-    for name in ("training_curves.png", "confusion_matrix.png", "misclassified.png"):
+    assert "DScoreCallback" in summary["callbacks"]
+    dscore_history = json.loads((out / "dscore.json").read_text())
+    assert [record["epoch"] for record in dscore_history] == [0, 1, 2]
+    latest = dscore_history[-1]
+    assert summary["dscore"]["d_score"] == pytest.approx(latest["v_fitness"] - latest["v_robust"], abs=1e-4)
+    assert summary["dscore"]["guide_p"] == pytest.approx(latest["augment_probability"], abs=1e-4)
+    assert 0 < latest["augment_probability"] < 1
+    assert latest["probe_size"] == 500
+    for name in ("training_curves.png", "confusion_matrix.png", "misclassified.png", "dscore_heatmaps.png"):
         assert name in summary["figures"] and (out / name).read_bytes()[:8] == PNG
     assert (out / "metrics.csv").is_file() and list((out / "checkpoints").glob("*.ckpt"))
     offline_runs = list((out / "wandb").glob("offline-run-*"))

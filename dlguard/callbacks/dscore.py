@@ -16,6 +16,7 @@ from dlguard.augment.score_guided_padding import ScoreGuidedPadding
 from dlguard.metrics.dscore import DScore
 from dlguard.probes import deletion_mutant_logits, evaluation, resolve_layers, select_layers
 from dlguard.probes.layers import LayerSpec
+from dlguard.probes.region_deletion import default_max_batch
 from dlguard.report.logging import log_figure
 
 __all__ = ["DScoreCallback"]
@@ -49,7 +50,8 @@ class DScoreCallback(Callback):
         guide: a :class:`~dlguard.augment.ScoreGuidedPadding` to drive, or ``None``.
         layers: conv layers to mutate (default every ``Conv2d``).
         num_classes: ``K``; default: the width of the model's logits.
-        max_batch: rows per forward pass when evaluating mutants and translations.
+        max_batch: rows per forward pass for mutants and translations (default: a memory budget,
+            see :func:`~dlguard.probes.region_deletion.default_max_batch`).
         preprocess: applied to images (after translating) before the model, e.g. ``Normalize``.
         output_transform: adapts the model's output to logits.
         seed: seed of the probe draw.
@@ -70,13 +72,17 @@ class DScoreCallback(Callback):
         guide: ScoreGuidedPadding | None = None,
         layers: LayerSpec | None = None,
         num_classes: int | None = None,
-        max_batch: int = 4096,
+        max_batch: int | None = None,
         preprocess: Callable[[Tensor], Tensor] | None = None,
         output_transform: Callable[[Any], Tensor] | None = None,
         seed: int = 0,
     ) -> None:
         region_translations(torch.zeros(0, 1, 8, 8), n, t)  # validates n and t before any work
-        for name, value in (("every_n_epochs", every_n_epochs), ("probe_size", probe_size), ("max_batch", max_batch)):
+        for name, value in (
+            ("every_n_epochs", every_n_epochs),
+            ("probe_size", probe_size),
+            ("max_batch", max_batch or 1),
+        ):
             if value < 1:
                 raise ValueError(f"{name}: expected at least 1, got {value}")
         if guide is not None and not isinstance(guide, ScoreGuidedPadding):
@@ -170,18 +176,15 @@ class DScoreCallback(Callback):
             out = model(prepare(batch))
             return self.output_transform(out) if self.output_transform is not None else out
 
+        layers = self._mutated_layers(model)
         with evaluation(model), torch.no_grad():
             baseline = predict(images)
+            rows = self.max_batch or default_max_batch(model, prepare(images), layers)
             mutants = deletion_mutant_logits(
-                model,
-                prepare(images),
-                self.n,
-                self._mutated_layers(model),
-                max_batch=self.max_batch,
-                output_transform=self.output_transform,
+                model, prepare(images), self.n, layers, max_batch=rows, output_transform=self.output_transform
             )
             moved = region_translations(images, self.n, self.t).flatten(0, 1)
-            translated = torch.cat([predict(part) for part in moved.split(self.max_batch)])
+            translated = torch.cat([predict(part) for part in moved.split(rows)])
         if not hasattr(self, "_metric") or self._metric.num_classes != baseline.shape[-1]:
             self._metric = DScore(self.n, self.num_classes or baseline.shape[-1]).to(images.device)
         self._metric.reset()

@@ -81,3 +81,18 @@ def test_bad_input() -> None:
         deletion_mutant_logits(mnist_b(), torch.rand(2, 1, 28, 28), 1)
     with pytest.raises(ValueError, match="images: expected \\(B, C, H, W\\)"):
         deletion_mutant_logits(mnist_b(), torch.rand(1, 28, 28), 2)
+
+
+def test_default_pass_size_keeps_the_largest_conv_output_within_budget() -> None:
+    from dlguard.probes.region_deletion import default_max_batch
+    from dlguard.zoo import mnist_a
+
+    images = torch.rand(3, 1, 28, 28)
+    model = mnist_b()
+    # the largest conv output of mnist_b is conv1's 32x26x26 float32 map per image
+    assert default_max_batch(model, images, {"conv1": model.conv1, "conv4": model.conv4}) == (8 << 20) // (
+        32 * 26 * 26 * 4
+    )
+    net = mnist_a()
+    assert default_max_batch(net, images, {"conv1": net.conv1}) == (8 << 20) // (6 * 24 * 24 * 4)
+    assert not model.conv1._forward_hooks
