@@ -93,7 +93,8 @@ class DScoreCallback(Callback):
         self.history: list[dict[str, Any]] = []
         self._probe: tuple[Tensor, Tensor] | None = None
         self._draw: dict[str, Tensor] | None = None
-        self._generator = torch.Generator().manual_seed(seed)
+        # made in setup: a torch.Generator cannot be pickled into ddp_spawn workers
+        self._generator: torch.Generator | None = None
 
     @property
     def state_key(self) -> str:
@@ -108,7 +109,7 @@ class DScoreCallback(Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._mutated_layers(pl_module)  # a model without the layers D-Score mutates fails here, before training
-        self._generator.manual_seed(self.seed + trainer.global_rank)
+        self._generator = torch.Generator().manual_seed(self.seed + trainer.global_rank)
         if self.guide is not None:
             self.guide.to(pl_module.device)
 
@@ -126,6 +127,8 @@ class DScoreCallback(Callback):
         if trainer.sanity_checking or self._probe is not None or dataloader_idx != 0:
             return
         images, target = batch[0], batch[1]
+        if self._generator is None:
+            self._generator = torch.Generator().manual_seed(self.seed + trainer.global_rank)
         keys = torch.rand(len(images), generator=self._generator).to(images.device)
         draw = {"key": keys, "images": images.detach(), "target": target.detach()}
         if self._draw is not None:
