@@ -91,7 +91,7 @@ def plot_dscore_heatmaps(result: DScoreResult, title: str | None = None) -> Figu
     """
     cells = result.feature_distribution.numel()
     n = round(cells**0.5)
-    figure, axes = plt.subplots(1, 2, figsize=(7, 3.4))
+    figure, axes = plt.subplots(1, 2, figsize=(7, 3.2), layout="constrained")
     top = float(max(result.feature_distribution.max(), result.attention_distribution.max()))
     for ax, values, name in (
         (axes[0], result.feature_distribution, "feature distribution f̃"),

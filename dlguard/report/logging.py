@@ -45,7 +45,7 @@ def log_figure(
         if wandb_logger is None or always_save:
             path = Path(directory) / f"{key.replace('/', '_')}.png"
             path.parent.mkdir(parents=True, exist_ok=True)
-            figure.savefig(path, dpi=120)
+            figure.savefig(path, dpi=120, bbox_inches="tight")
         if wandb_logger is not None:
             import wandb
 
