@@ -54,6 +54,27 @@ def mnist_a(num_classes: int = 10, in_channels: int = 1, input_size: int = 28) -
     )
 
 
+def _double_conv_net(
+    in_channels: int, widths: tuple[int, int], hidden: tuple[int, ...], num_classes: int, input_size: int
+) -> nn.Sequential:
+    """Two blocks of two 3x3 convs + ReLU and a 2x2 max-pool, then FC layers: Table I's B and CIFAR."""
+    side = _conv_out(_conv_out(_conv_out(_conv_out(input_size, 3), 3) // 2, 3), 3) // 2
+    channels = [in_channels, widths[0], widths[0], widths[1], widths[1]]
+    layers: OrderedDict[str, nn.Module] = OrderedDict()
+    for i in range(4):
+        layers[f"conv{i + 1}"] = nn.Conv2d(channels[i], channels[i + 1], 3)
+        layers[f"relu{i + 1}"] = nn.ReLU()
+        if i % 2:
+            layers[f"pool{i // 2 + 1}"] = nn.MaxPool2d(2)
+    layers["flatten"] = nn.Flatten()
+    features = [widths[1] * side * side, *hidden]
+    for i, (width_in, width_out) in enumerate(zip(features, hidden, strict=False)):
+        layers[f"fc{i + 1}"] = nn.Linear(width_in, width_out)
+        layers[f"relu{i + 5}"] = nn.ReLU()
+    layers[f"fc{len(hidden) + 1}"] = nn.Linear(features[-1], num_classes)
+    return nn.Sequential(layers)
+
+
 def mnist_b(num_classes: int = 10, in_channels: int = 1, input_size: int = 28) -> nn.Sequential:
     """MNIST model B: conv 32-32, pool, conv 64-64, pool (all 3x3), then FC 200-``num_classes``.
 
@@ -63,25 +84,7 @@ def mnist_b(num_classes: int = 10, in_channels: int = 1, input_size: int = 28) -
         torch.Size([2, 10])
     """
     _check(num_classes, in_channels)
-    side = _conv_out(_conv_out(_conv_out(_conv_out(input_size, 3), 3) // 2, 3), 3) // 2
-    return nn.Sequential(
-        OrderedDict(
-            conv1=nn.Conv2d(in_channels, 32, 3),
-            relu1=nn.ReLU(),
-            conv2=nn.Conv2d(32, 32, 3),
-            relu2=nn.ReLU(),
-            pool1=nn.MaxPool2d(2),
-            conv3=nn.Conv2d(32, 64, 3),
-            relu3=nn.ReLU(),
-            conv4=nn.Conv2d(64, 64, 3),
-            relu4=nn.ReLU(),
-            pool2=nn.MaxPool2d(2),
-            flatten=nn.Flatten(),
-            fc1=nn.Linear(64 * side * side, 200),
-            relu5=nn.ReLU(),
-            fc2=nn.Linear(200, num_classes),
-        )
-    )
+    return _double_conv_net(in_channels, (32, 64), (200,), num_classes, input_size)
 
 
 def cifar_cnn(num_classes: int = 10, in_channels: int = 3, input_size: int = 32) -> nn.Sequential:
@@ -93,24 +96,4 @@ def cifar_cnn(num_classes: int = 10, in_channels: int = 3, input_size: int = 32)
         torch.Size([2, 10])
     """
     _check(num_classes, in_channels)
-    side = _conv_out(_conv_out(_conv_out(_conv_out(input_size, 3), 3) // 2, 3), 3) // 2
-    return nn.Sequential(
-        OrderedDict(
-            conv1=nn.Conv2d(in_channels, 64, 3),
-            relu1=nn.ReLU(),
-            conv2=nn.Conv2d(64, 64, 3),
-            relu2=nn.ReLU(),
-            pool1=nn.MaxPool2d(2),
-            conv3=nn.Conv2d(64, 128, 3),
-            relu3=nn.ReLU(),
-            conv4=nn.Conv2d(128, 128, 3),
-            relu4=nn.ReLU(),
-            pool2=nn.MaxPool2d(2),
-            flatten=nn.Flatten(),
-            fc1=nn.Linear(128 * side * side, 256),
-            relu5=nn.ReLU(),
-            fc2=nn.Linear(256, 256),
-            relu6=nn.ReLU(),
-            fc3=nn.Linear(256, num_classes),
-        )
-    )
+    return _double_conv_net(in_channels, (64, 128), (256, 256), num_classes, input_size)
