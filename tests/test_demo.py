@@ -50,6 +50,8 @@ def test_dlguard_demo_fast_end_to_end(tmp_path: Path) -> None:
     assert (out / "metrics.csv").is_file() and list((out / "checkpoints").glob("*.ckpt"))
     offline_runs = list((out / "wandb").glob("offline-run-*"))
     assert len(offline_runs) == 1 and list(offline_runs[0].rglob("training_curves_*.png"))
+    # with a WandbLogger attached, the D-Score callback sends its heatmaps to W&B, one per epoch
+    assert len(list(offline_runs[0].rglob("dscore/distributions_*.png"))) == 3
 
 
 def test_demo_without_wandb_writes_no_wandb_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

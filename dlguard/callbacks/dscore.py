@@ -25,8 +25,9 @@ __all__ = ["DScoreCallback"]
 class DScoreCallback(Callback):
     """Measure D-Score on a fixed probe set at the end of validation; optionally guide training.
 
-    The probe set is drawn once, uniformly at random with a fixed seed, from the batches the first
-    validation epoch already loads (no extra pass over the data; never from the sanity check).
+    The probe set is drawn once, uniformly at random with a fixed seed, from the ``(images,
+    target)`` batches the first validation epoch already loads (no extra pass over the data;
+    never from the sanity check).
     Under DDP each rank draws ``probe_size / world_size`` from its own shard and the metric's
     count states are summed across ranks. The model runs in eval mode and is left exactly as
     found (SPEC §0).
