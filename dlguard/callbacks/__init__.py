@@ -1,5 +1,6 @@
 """Lightning callbacks that schedule probes during validation and feed failures back to training."""
 
+from dlguard.callbacks.coverage import NeuronCoverageCallback
 from dlguard.callbacks.dscore import DScoreCallback
 
-__all__ = ["DScoreCallback"]
+__all__ = ["DScoreCallback", "NeuronCoverageCallback"]

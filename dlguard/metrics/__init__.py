@@ -1,5 +1,39 @@
-"""torchmetrics metrics of dlguard; each delegates its maths to :mod:`dlguard.metrics.functional`."""
+"""torchmetrics metrics of dlguard; each delegates its maths to :mod:`dlguard.metrics.functional`.
 
+``profile_neuron_ranges`` runs a model, so it lives in :mod:`dlguard.probes`; it is offered here
+too, beside the criteria that need its ranges, and imported on first use (probes import the
+functional maths, so a load-time import would be circular).
+"""
+
+from typing import Any
+
+from dlguard.metrics.coverage import (
+    KMultisectionCoverage,
+    NeuronBoundaryCoverage,
+    NeuronCoverage,
+    OutputImpartiality,
+    StrongNeuronActivationCoverage,
+    TopKNeuronCoverage,
+)
 from dlguard.metrics.dscore import DScore
+from dlguard.metrics.functional.coverage import NeuronRange
 
-__all__ = ["DScore"]
+__all__ = [
+    "DScore",
+    "KMultisectionCoverage",
+    "NeuronBoundaryCoverage",
+    "NeuronCoverage",
+    "NeuronRange",
+    "OutputImpartiality",
+    "StrongNeuronActivationCoverage",
+    "TopKNeuronCoverage",
+    "profile_neuron_ranges",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "profile_neuron_ranges":
+        from dlguard.probes.neurons import profile_neuron_ranges
+
+        return profile_neuron_ranges
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,14 +4,19 @@ from dlguard.probes.capture import capture_activations
 from dlguard.probes.evaluation import evaluation
 from dlguard.probes.intervene import intervene
 from dlguard.probes.layers import LayerSpec, resolve_layers, select_layers
+from dlguard.probes.neurons import NEURON_LAYER_TYPES, neuron_layers, neuron_output, profile_neuron_ranges
 from dlguard.probes.region_deletion import deletion_mutant_logits, region_keep_masks
 
 __all__ = [
+    "NEURON_LAYER_TYPES",
     "LayerSpec",
     "capture_activations",
     "deletion_mutant_logits",
     "evaluation",
     "intervene",
+    "neuron_layers",
+    "neuron_output",
+    "profile_neuron_ranges",
     "region_keep_masks",
     "resolve_layers",
     "select_layers",

@@ -17,7 +17,7 @@ from torch import Tensor
 if TYPE_CHECKING:
     from dlguard.metrics.functional.dscore import DScoreResult
 
-__all__ = ["plot_dscore_heatmaps", "plot_image_grid", "plot_training_curves"]
+__all__ = ["plot_coverage_by_layer", "plot_dscore_heatmaps", "plot_image_grid", "plot_training_curves"]
 
 
 def plot_training_curves(history: Sequence[Mapping[str, float]]) -> Figure:
@@ -119,4 +119,29 @@ def plot_dscore_heatmaps(result: DScoreResult, title: str | None = None) -> Figu
         f"v_fitness {float(result.v_fitness):.4f}",
         fontsize=9,
     )
+    return figure
+
+
+def plot_coverage_by_layer(per_layer: Mapping[str, Mapping[str, float]]) -> Figure:
+    """Grouped bars: each layer's coverage under each criterion.
+
+    Args:
+        per_layer: ``{criterion: {layer: coverage}}``.
+
+    Example:
+        >>> fig = plot_coverage_by_layer({"nc": {"conv1": 0.5, "fc": 1.0}, "tknc": {"conv1": 0.2, "fc": 0.3}})
+        >>> [t.get_text() for t in fig.axes[0].get_xticklabels()]
+        ['conv1', 'fc']
+    """
+    criteria = list(per_layer)
+    layers = list(next(iter(per_layer.values()))) if criteria else []
+    figure, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(layers) + 2), 3.4), layout="constrained")
+    width = 0.8 / max(len(criteria), 1)
+    for index, criterion in enumerate(criteria):
+        positions = [i + (index - (len(criteria) - 1) / 2) * width for i in range(len(layers))]
+        ax.bar(positions, [per_layer[criterion][layer] for layer in layers], width, label=criterion.upper())
+    ax.set_xticks(range(len(layers)), layers, rotation=30, ha="right")
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("coverage")
+    ax.legend(ncols=min(len(criteria), 5), fontsize=8, loc="upper left")
     return figure

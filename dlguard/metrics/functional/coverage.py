@@ -1,0 +1,250 @@
+"""Neuron coverage (DeepTest) and the DeepGauge criteria, on layer activations (SPEC §2).
+
+A *neuron* of a layer output ``(B, N)`` is a unit; of ``(B, C, *positions)`` (conv of any
+dimension) a channel, whose value is the mean over its positions. Recurrent outputs should be
+passed as ``(B, T·H)``, one neuron per time step and unit (the coverage callback does this).
+Every criterion is a ratio in ``[0, 1]`` built from per-neuron hit counts, so it does not depend
+on input order or on how inputs are split across batches or processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "NeuronRange",
+    "activation_jaccard_distance",
+    "k_multisection_coverage",
+    "neuron_boundary_coverage",
+    "neuron_coverage",
+    "neuron_values",
+    "output_impartiality",
+    "strong_neuron_activation_coverage",
+    "top_k_neuron_coverage",
+]
+
+
+class NeuronRange(NamedTuple):
+    """Per-neuron ``low``/``high`` of one layer over the training data, each ``(N,)``."""
+
+    low: Tensor
+    high: Tensor
+
+
+def neuron_values(activation: Tensor) -> Tensor:
+    """``(B, N)`` neuron values: units of a ``(B, N)`` output, channel means of ``(B, C, ...)``.
+
+    Example:
+        >>> import torch
+        >>> neuron_values(torch.arange(8.0).reshape(1, 2, 2, 2))
+        tensor([[1.5000, 5.5000]])
+    """
+    if activation.ndim < 2:
+        raise ValueError(f"activations: expected (B, N) or (B, C, ...), got shape {tuple(activation.shape)}")
+    return activation if activation.ndim == 2 else activation.flatten(2).mean(dim=2)
+
+
+def _scaled_neuron_values(activation: Tensor, values: Tensor | None = None) -> Tensor:
+    """DeepTest's form: the whole layer output min-max scaled per input, then per neuron.
+
+    Scaling is affine, so the channel mean of the scaled output is the scaled channel mean: one
+    pass for the means (skipped when ``values`` are given) and one for each input's min and max,
+    never a scaled copy of the output.
+    """
+    low, high = torch.aminmax(activation.flatten(1), dim=1)
+    span = (high - low).unsqueeze(1)
+    values = neuron_values(activation) if values is None else values
+    return torch.where(span > 0, (values - low.unsqueeze(1)) / span.clamp(min=torch.finfo(values.dtype).tiny), 0.0)
+
+
+def _check_threshold(threshold: float) -> None:
+    if not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"threshold: expected a value in [0, 1], got {threshold}")
+
+
+def _check_k(k: int, name: str = "k") -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"{name}: expected an integer of at least 1, got {k!r}")
+
+
+# ---- per-layer hit counts (the states of the metrics) ------------------------------------------
+
+
+def _nc_hits(values: Tensor, threshold: float) -> Tensor:
+    """Inputs whose scaled value exceeds ``threshold``, per neuron: ``(N,)``."""
+    return (values > threshold).sum(dim=0)
+
+
+def _kmnc_hits(values: Tensor, bounds: NeuronRange, k: int) -> Tensor:
+    """Inputs falling in each of the ``k`` sections of ``[low, high]``, per neuron: ``(N, k)``."""
+    low, high = bounds.low.to(values), bounds.high.to(values)
+    inside = (values >= low) & (values <= high)
+    width = (high - low).clamp(min=torch.finfo(values.dtype).tiny)
+    section = ((values - low) / width * k).floor().clamp(0, k - 1).long()
+    hits = torch.zeros(values.shape[1], k, dtype=torch.long, device=values.device)
+    neuron = torch.arange(values.shape[1], device=values.device).expand_as(section)
+    hits.index_put_((neuron[inside], section[inside]), torch.ones_like(section[inside]), accumulate=True)
+    return hits
+
+
+def _boundary_hits(values: Tensor, bounds: NeuronRange) -> tuple[Tensor, Tensor]:
+    """Inputs above ``high`` and below ``low``, per neuron: two ``(N,)``."""
+    return (values > bounds.high.to(values)).sum(dim=0), (values < bounds.low.to(values)).sum(dim=0)
+
+
+def _top_k_hits(values: Tensor, k: int) -> Tensor:
+    """Inputs for which each neuron is among the layer's ``k`` largest: ``(N,)``."""
+    top = values.topk(min(k, values.shape[1]), dim=1).indices
+    return torch.zeros(values.shape[1], dtype=torch.long, device=values.device).scatter_add_(
+        0, top.flatten(), torch.ones_like(top.flatten())
+    )
+
+
+def _ratio(covered: Tensor, total: int) -> Tensor:
+    return covered.sum().double() / total if total else torch.tensor(0.0, dtype=torch.float64)
+
+
+# ---- functional twins: coverage of a set of inputs in one call ---------------------------------
+
+
+def neuron_coverage(activations: Mapping[str, Tensor], threshold: float = 0.2) -> Tensor:
+    """DeepTest neuron coverage: neurons whose min-max scaled value exceeds ``threshold`` for some input.
+
+    Args:
+        activations: ``{layer: output}`` for the same inputs, ``(B, N)`` or ``(B, C, ...)``.
+        threshold: in ``[0, 1]``.
+
+    Example:
+        >>> import torch
+        >>> neuron_coverage({"fc": torch.tensor([[0.0, 1.0, 0.1], [0.0, 2.0, 1.0]])})  # 0.1/1 and 1/2
+        tensor(0.6667, dtype=torch.float64)
+    """
+    _check_threshold(threshold)
+    hits = [_nc_hits(_scaled_neuron_values(a), threshold) for a in activations.values()]
+    return _ratio(torch.cat(hits) > 0, sum(len(h) for h in hits))
+
+
+def k_multisection_coverage(
+    activations: Mapping[str, Tensor], ranges: Mapping[str, NeuronRange], k: int = 10
+) -> Tensor:
+    """KMNC(k): sections of ``[low, high]`` hit, over ``k``·neurons.
+
+    Example:
+        >>> import torch
+        >>> r = {"fc": NeuronRange(torch.zeros(2), torch.ones(2))}
+        >>> k_multisection_coverage({"fc": torch.tensor([[0.1, 0.9], [0.2, 1.5]])}, r, k=4)
+        tensor(0.2500, dtype=torch.float64)
+    """
+    _check_k(k)
+    hits = [_kmnc_hits(neuron_values(a), ranges[name], k) for name, a in activations.items()]
+    return _ratio(torch.cat(hits) > 0, sum(h.numel() for h in hits))
+
+
+def neuron_boundary_coverage(activations: Mapping[str, Tensor], ranges: Mapping[str, NeuronRange]) -> Tensor:
+    """NBC: ``(#neurons above high + #neurons below low) / (2·#neurons)``.
+
+    Example:
+        >>> import torch
+        >>> r = {"fc": NeuronRange(torch.zeros(2), torch.ones(2))}
+        >>> neuron_boundary_coverage({"fc": torch.tensor([[-0.5, 0.5], [2.0, 0.5]])}, r)
+        tensor(0.5000, dtype=torch.float64)
+    """
+    pairs = [_boundary_hits(neuron_values(a), ranges[name]) for name, a in activations.items()]
+    upper = torch.cat([p[0] for p in pairs])
+    lower = torch.cat([p[1] for p in pairs])
+    return _ratio(torch.cat([upper > 0, lower > 0]), 2 * len(upper))
+
+
+def strong_neuron_activation_coverage(activations: Mapping[str, Tensor], ranges: Mapping[str, NeuronRange]) -> Tensor:
+    """SNAC: ``#neurons with a value above high / #neurons``.
+
+    Example:
+        >>> import torch
+        >>> r = {"fc": NeuronRange(torch.zeros(2), torch.ones(2))}
+        >>> strong_neuron_activation_coverage({"fc": torch.tensor([[-0.5, 0.5], [2.0, 0.5]])}, r)
+        tensor(0.5000, dtype=torch.float64)
+    """
+    upper = torch.cat([_boundary_hits(neuron_values(a), ranges[name])[0] for name, a in activations.items()])
+    return _ratio(upper > 0, len(upper))
+
+
+def top_k_neuron_coverage(activations: Mapping[str, Tensor], k: int = 2) -> Tensor:
+    """TKNC(k): neurons among their layer's top ``k`` for some input, over all neurons.
+
+    Example:
+        >>> import torch
+        >>> top_k_neuron_coverage({"fc": torch.tensor([[3.0, 2.0, 1.0, 0.0], [0.0, 1.0, 2.0, 3.0]])}, k=1)
+        tensor(0.5000, dtype=torch.float64)
+    """
+    _check_k(k)
+    hits = [_top_k_hits(neuron_values(a), k) for a in activations.values()]
+    return _ratio(torch.cat(hits) > 0, sum(len(h) for h in hits))
+
+
+def output_impartiality(preds: Tensor, num_classes: int) -> Tensor:
+    """Normalised entropy of the predicted-class histogram: 1 when every class is predicted equally.
+
+    Args:
+        preds: predicted labels ``(B,)`` or logits ``(B, K)``.
+        num_classes: ``K`` (at least 2).
+
+    Example:
+        >>> import torch
+        >>> output_impartiality(torch.tensor([0, 1, 2, 3]), 4), output_impartiality(torch.tensor([1, 1]), 4)
+        (tensor(1., dtype=torch.float64), tensor(0., dtype=torch.float64))
+    """
+    return _impartiality(_class_counts(preds, num_classes))
+
+
+def _class_counts(preds: Tensor, num_classes: int) -> Tensor:
+    if num_classes < 2:
+        raise ValueError(f"num_classes: expected at least 2, got {num_classes}")
+    labels = preds.argmax(dim=1) if preds.ndim == 2 else preds
+    if labels.ndim != 1:
+        raise ValueError(f"preds: expected labels (B,) or logits (B, K), got shape {tuple(preds.shape)}")
+    if labels.numel() and (labels.min() < 0 or labels.max() >= num_classes):
+        raise ValueError(f"preds: expected labels in 0..{num_classes - 1}")
+    return torch.bincount(labels.long(), minlength=num_classes)
+
+
+def _impartiality(counts: Tensor) -> Tensor:
+    total = counts.sum()
+    if total == 0:
+        raise ValueError("OutputImpartiality: no predictions were added")
+    p = counts.double() / total
+    entropy = torch.where(p > 0, p * p.reciprocal().log(), 0.0).sum()  # Σ p·log(1/p), never -0.0
+    return entropy / torch.log(torch.tensor(float(len(counts)), dtype=torch.float64))
+
+
+def activation_jaccard_distance(set_a: Tensor | Mapping[str, Tensor], set_b: Tensor | Mapping[str, Tensor]) -> Tensor:
+    """``1 − |A ∩ B| / |A ∪ B|`` of the neurons two input sets activate (DeepTest RQ2).
+
+    Args:
+        set_a: boolean mask of activated neurons, or ``{layer: mask}`` (same layers in ``set_b``).
+        set_b: the same for the other input set.
+
+    Returns:
+        The distance in ``[0, 1]``; 0 when both sets are empty.
+
+    Example:
+        >>> import torch
+        >>> activation_jaccard_distance(torch.tensor([True, True, False]), torch.tensor([True, False, True]))
+        tensor(0.6667, dtype=torch.float64)
+    """
+    if isinstance(set_a, Mapping) or isinstance(set_b, Mapping):
+        if not (isinstance(set_a, Mapping) and isinstance(set_b, Mapping)) or set_a.keys() != set_b.keys():
+            raise ValueError("set_a and set_b: expected masks of the same layers")
+        names = list(set_a)
+        set_a = torch.cat([set_a[name].flatten() for name in names])
+        set_b = torch.cat([set_b[name].flatten() for name in names])
+    if set_a.shape != set_b.shape:
+        raise ValueError(f"set_a and set_b: expected the same shape, got {tuple(set_a.shape)} and {tuple(set_b.shape)}")
+    a, b = set_a.bool(), set_b.bool()
+    union = (a | b).sum()
+    if union == 0:
+        return torch.tensor(0.0, dtype=torch.float64)
+    return 1 - (a & b).sum().double() / union

@@ -1,0 +1,147 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.loggers import CSVLogger
+from torch import nn
+
+from dlguard.callbacks import NeuronCoverageCallback
+from dlguard.data import MNISTDataModule
+from dlguard.metrics import NeuronCoverage, NeuronRange
+from dlguard.probes import neuron_layers
+from dlguard.zoo import ClassifierModule, mnist_a, pretrained
+from tests.probes.fingerprint import fingerprint
+
+
+class CountingModule(ClassifierModule):
+    """Counts forward passes, and can fail in the middle of validation."""
+
+    def __init__(self, net: nn.Module, fail_at_val_batch: int | None = None) -> None:
+        super().__init__(net)
+        self.forwards = 0
+        self.fail_at_val_batch = fail_at_val_batch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.forwards += 1
+        return super().forward(x)
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        if (
+            self.fail_at_val_batch is not None
+            and batch_idx == self.fail_at_val_batch
+            and not self.trainer.sanity_checking
+        ):
+            raise RuntimeError("validation failed")
+        super().validation_step(batch, batch_idx)
+
+
+def trainer_for(tmp_path: Path, callback: NeuronCoverageCallback, epochs: int = 1, **kwargs) -> L.Trainer:
+    L.seed_everything(0, verbose=False)
+    return L.Trainer(
+        max_epochs=epochs,
+        limit_train_batches=4,
+        limit_val_batches=3,
+        callbacks=[callback],
+        logger=CSVLogger(tmp_path, name="", version=""),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        **kwargs,
+    )
+
+
+def hook_counts(module: nn.Module) -> int:
+    return sum(len(m._forward_hooks) for m in module.modules())
+
+
+def test_fit_logs_every_criterion_and_removes_hooks(tmp_path: Path) -> None:
+    callback = NeuronCoverageCallback(max_profile_batches=4)
+    module = CountingModule(pretrained("mnist_a").train())
+    trainer = trainer_for(tmp_path, callback, epochs=2)
+    trainer.fit(module, datamodule=MNISTDataModule(batch_size=64))
+    assert hook_counts(module) == 0
+    assert [record["epoch"] for record in callback.history] == [0, 1]
+    for criterion in ("nc", "kmnc", "nbc", "snac", "tknc"):
+        value = float(trainer.callback_metrics[f"coverage/{criterion}"])
+        assert 0.0 <= value <= 1.0 and value == pytest.approx(callback.history[-1][criterion])
+    assert set(callback.ranges) == {"net.conv1", "net.conv2", "net.fc1", "net.fc2", "net.fc3"}
+    assert (tmp_path / "coverage" / "coverage_by_layer.png").is_file()
+    assert callback.history[-1]["per_layer"]["nc"].keys() == set(callback.ranges)
+
+
+def test_no_second_forward_pass_and_same_nc_as_the_metric(tmp_path: Path) -> None:
+    dm = MNISTDataModule(batch_size=50)
+    plain = CountingModule(pretrained("mnist_a"))
+    trainer_for(tmp_path, NeuronCoverageCallback(criteria=["tknc"])).validate(plain, datamodule=dm, verbose=False)
+    watched = CountingModule(pretrained("mnist_a"))
+    callback = NeuronCoverageCallback(criteria=["nc"], threshold=0.3)
+    trainer_for(tmp_path, callback).validate(watched, datamodule=dm, verbose=False)
+    assert watched.forwards == plain.forwards == 3  # 3 validation batches, one forward each
+    # the callback's NC equals the metric fed raw activations of the same 150 images
+    layers = neuron_layers(watched.net)
+    images = torch.stack([dm.val_set[i][0] for i in range(150)])
+    outputs = {}
+    hooks = [m.register_forward_hook(lambda m, i, o, n=n: outputs.__setitem__(n, o)) for n, m in layers.items()]
+    with torch.no_grad():
+        watched.net(images)
+    for h in hooks:
+        h.remove()
+    metric = NeuronCoverage({n: o.shape[1] for n, o in outputs.items()}, threshold=0.3)
+    metric.update(outputs)
+    assert callback.history[-1]["nc"] == pytest.approx(float(metric.compute()))
+
+
+def test_hooks_removed_when_validation_fails(tmp_path: Path) -> None:
+    module = CountingModule(mnist_a(), fail_at_val_batch=1)
+    before = fingerprint(module)
+    with pytest.raises(RuntimeError, match="validation failed"):
+        trainer_for(tmp_path, NeuronCoverageCallback(criteria=["nc", "tknc"])).fit(
+            module, datamodule=MNISTDataModule(batch_size=64)
+        )
+    assert hook_counts(module) == 0
+    assert fingerprint(module)["hooks"] == before["hooks"]
+
+
+def test_validate_without_ranges_fails_before_any_work(tmp_path: Path) -> None:
+    module = CountingModule(mnist_a())
+    with pytest.raises(ValueError, match=r"need per-neuron ranges.*profile_neuron_ranges"):
+        trainer_for(tmp_path, NeuronCoverageCallback(criteria=["kmnc"])).validate(
+            module, datamodule=MNISTDataModule(), verbose=False
+        )
+    assert module.forwards == 0
+
+
+def test_unknown_layer_lists_available(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"\['net.conv9'\] not found in CountingModule; available layers: net"):
+        trainer_for(tmp_path, NeuronCoverageCallback(layers=["net.conv9"])).fit(
+            CountingModule(mnist_a()), datamodule=MNISTDataModule()
+        )
+
+
+def test_state_round_trip_keeps_ranges() -> None:
+    source = NeuronCoverageCallback()
+    source.ranges = {"fc": NeuronRange(torch.zeros(3), torch.ones(3))}
+    source.history.append({"epoch": 0, "nc": 0.5})
+    target = NeuronCoverageCallback()
+    target.load_state_dict(source.state_dict())
+    assert torch.equal(target.ranges["fc"].high, torch.ones(3)) and target.history == source.history
+    target.load_state_dict({})
+    assert target.history == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"criteria": ["nc", "lscov"]}, "criteria: unknown \\['lscov'\\]"),
+        ({"threshold": -0.1}, "threshold"),
+        ({"sections": 0}, "sections"),
+        ({"top_k": 0}, "top_k"),
+    ],
+)
+def test_bad_arguments(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        NeuronCoverageCallback(**kwargs)
