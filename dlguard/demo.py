@@ -21,11 +21,17 @@ from lightning.pytorch.loggers import CSVLogger, Logger
 from torchmetrics.classification import MulticlassConfusionMatrix
 
 from dlguard.augment import ScoreGuidedPadding
-from dlguard.callbacks import DScoreCallback
+from dlguard.callbacks import DScoreCallback, NeuronCoverageCallback
 from dlguard.data import MNISTDataModule, model_device
 from dlguard.metrics.functional import d_score
 from dlguard.probes import evaluation
-from dlguard.report import log_figure, plot_dscore_heatmaps, plot_image_grid, plot_training_curves
+from dlguard.report import (
+    log_figure,
+    plot_coverage_by_layer,
+    plot_dscore_heatmaps,
+    plot_image_grid,
+    plot_training_curves,
+)
 from dlguard.zoo import ClassifierModule, mnist_a
 
 __all__ = ["DemoConfig", "default_wandb_mode", "demo_callbacks", "run_demo"]
@@ -64,19 +70,29 @@ def demo_callbacks(config: DemoConfig) -> list[Callback]:
         TQDMProgressBar(),
         ModelCheckpoint(dirpath=config.out / "checkpoints", monitor="val_acc", mode="max"),
         DScoreCallback(n=3, t=5, probe_size=500, guide=ScoreGuidedPadding(), seed=config.seed),
+        NeuronCoverageCallback(criteria=("nc", "kmnc", "nbc", "snac", "tknc")),
     ]
 
 
-def _dscore_outputs(callbacks: list[Callback]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The D-Score callback's history for the run folder and its final heatmaps."""
-    callback = next((cb for cb in callbacks if isinstance(cb, DScoreCallback)), None)
-    if callback is None or callback.latest is None:
-        return {}, {}
-    latest = callback.latest
-    result = d_score(latest["baseline_acc"], latest["deletion_acc"], latest["translation_acc"], num_classes=10)
-    summary = {key: round(latest[key], 4) for key in ("d_score", "v_robust", "v_fitness", "baseline_acc")}
-    summary["guide_p"] = round(latest["augment_probability"], 4)
-    return {"dscore": summary, "_dscore_history": callback.history}, {"dscore_heatmaps": plot_dscore_heatmaps(result)}
+def _callback_outputs(callbacks: list[Callback]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Summary entries, JSON files and final figures from the dlguard callbacks' histories."""
+    summary: dict[str, Any] = {}
+    files: dict[str, Any] = {}
+    figures: dict[str, Any] = {}
+    for callback in callbacks:
+        if isinstance(callback, DScoreCallback) and callback.latest is not None:
+            latest = callback.latest
+            result = d_score(latest["baseline_acc"], latest["deletion_acc"], latest["translation_acc"], 10)
+            summary["dscore"] = {k: round(latest[k], 4) for k in ("d_score", "v_robust", "v_fitness", "baseline_acc")}
+            summary["dscore"]["guide_p"] = round(latest["augment_probability"], 4)
+            files["dscore.json"] = callback.history
+            figures["dscore_heatmaps"] = plot_dscore_heatmaps(result)
+        if isinstance(callback, NeuronCoverageCallback) and callback.history:
+            latest = callback.history[-1]
+            summary["coverage"] = {c: round(latest[c], 4) for c in callback.criteria}
+            files["coverage.json"] = callback.history
+            figures["coverage_by_layer"] = plot_coverage_by_layer(latest["per_layer"])
+    return summary, files, figures
 
 
 def _loggers(config: DemoConfig) -> list[Logger]:
@@ -153,14 +169,14 @@ def run_demo(config: DemoConfig | None = None) -> dict[str, Any]:
         confusion = results.pop("_confusion")
         failures, captions = results.pop("_failures")
         history = _epoch_history(config.out / "metrics.csv")
-        dscore, dscore_figures = _dscore_outputs(callbacks)
-        if "_dscore_history" in dscore:
-            (config.out / "dscore.json").write_text(json.dumps(dscore.pop("_dscore_history"), indent=2))
+        callback_summary, callback_files, callback_figures = _callback_outputs(callbacks)
+        for name, content in callback_files.items():
+            (config.out / name).write_text(json.dumps(content, indent=2))
         figures = {
             "training_curves": plot_training_curves(history),
             "confusion_matrix": confusion.plot()[0],
             "misclassified": plot_image_grid(failures, captions),
-            **dscore_figures,
+            **callback_figures,
         }
         written = [log_figure(trainer, key, fig, config.out, always_save=True) for key, fig in figures.items()]
         summary = {
@@ -169,7 +185,7 @@ def run_demo(config: DemoConfig | None = None) -> dict[str, Any]:
             "epochs": config.max_epochs,
             "seed": config.seed,
             **results,
-            **dscore,
+            **callback_summary,
             "history": history,
             "callbacks": [type(cb).__name__ for cb in callbacks],
             "wandb": config.wandb,

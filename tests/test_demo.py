@@ -45,13 +45,21 @@ def test_dlguard_demo_fast_end_to_end(tmp_path: Path) -> None:
     assert summary["dscore"]["guide_p"] == pytest.approx(latest["augment_probability"], abs=1e-4)
     assert 0 < latest["augment_probability"] < 1
     assert latest["probe_size"] == 500
-    for name in ("training_curves.png", "confusion_matrix.png", "misclassified.png", "dscore_heatmaps.png"):
+    coverage = json.loads((out / "coverage.json").read_text())
+    assert [record["epoch"] for record in coverage] == [0, 1, 2]
+    assert set(summary["coverage"]) == {"nc", "kmnc", "nbc", "snac", "tknc"}
+    assert all(0.0 <= value <= 1.0 for value in summary["coverage"].values())
+    assert summary["coverage"]["nc"] == pytest.approx(coverage[-1]["nc"], abs=1e-4)
+    figures = ("training_curves", "confusion_matrix", "misclassified", "dscore_heatmaps", "coverage_by_layer")
+    for name in (f"{figure}.png" for figure in figures):
         assert name in summary["figures"] and (out / name).read_bytes()[:8] == PNG
     assert (out / "metrics.csv").is_file() and list((out / "checkpoints").glob("*.ckpt"))
     offline_runs = list((out / "wandb").glob("offline-run-*"))
     assert len(offline_runs) == 1 and list(offline_runs[0].rglob("training_curves_*.png"))
     # with a WandbLogger attached, the D-Score callback sends its heatmaps to W&B, one per epoch
     assert len(list(offline_runs[0].rglob("dscore/distributions_*.png"))) == 3
+    # and the coverage callback its per-layer bar charts, as W&B tables
+    assert list(offline_runs[0].rglob("coverage/by_layer/nc*table.json"))
 
 
 def test_demo_without_wandb_writes_no_wandb_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

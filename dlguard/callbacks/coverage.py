@@ -10,6 +10,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor, nn
+from torch.utils.data import DataLoader, Subset
 from torch.utils.hooks import RemovableHandle
 
 from dlguard.metrics.coverage import (
@@ -31,13 +32,39 @@ from dlguard.probes.capture import _first_tensor
 from dlguard.probes.layers import LayerSpec
 from dlguard.probes.neurons import neuron_layers, neuron_output, profile_neuron_ranges
 from dlguard.report.figures import plot_coverage_by_layer
-from dlguard.report.logging import log_figure
+from dlguard.report.logging import find_wandb_logger, log_figure, log_wandb_bars
 
 __all__ = ["CRITERIA", "NeuronCoverageCallback"]
 
 CRITERIA = ("nc", "kmnc", "nbc", "snac", "tknc")
 """Neuron coverage (DeepTest), k-multisection, neuron boundary, strong neuron activation, top-k."""
 _RANGE_CRITERIA = {"kmnc", "nbc", "snac"}
+
+
+def _profiling_loader(trainer: L.Trainer) -> DataLoader:
+    """The training data in a loader of its own, each rank its own slice.
+
+    Iterating the trainer's shuffling loader would advance its sampler's generator and change the
+    batches training sees; the loader's own generator keeps its base seed off the global RNG
+    that augmentations and dropout draw from.
+    """
+    train = trainer.train_dataloader
+    if not isinstance(train, DataLoader):
+        raise ValueError("ranges: profiling needs a single training DataLoader; pass ranges= instead")
+    dataset = train.dataset
+    if trainer.world_size > 1:
+        dataset = Subset(dataset, range(trainer.global_rank, len(dataset), trainer.world_size))
+    return DataLoader(
+        dataset,
+        batch_size=train.batch_size or 1,
+        shuffle=False,
+        collate_fn=train.collate_fn,
+        generator=torch.Generator(),
+    )
+
+
+def _join(parts: list[Tensor]) -> Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class NeuronCoverageCallback(Callback):
@@ -47,18 +74,21 @@ class NeuronCoverageCallback(Callback):
     and removed when it ends (also when an exception escapes the loop, and at teardown). Each
     hook reads a layer output once, reducing it to per-neuron values shared by every criterion.
     KMNC, NBC and SNAC need per-neuron ranges: pass ``ranges`` (from
-    :func:`~dlguard.metrics.profile_neuron_ranges`) or let the callback profile them once on the
-    training dataloader when fitting starts (min/max reduced over ranks); they are kept in the
-    checkpoint. Metric states reduce across processes, so DDP reports the whole validation set.
+    :func:`~dlguard.metrics.profile_neuron_ranges`, e.g. on a finished model) or let the callback
+    profile them once, on the training dataloader, at the first scheduled validation epoch of a
+    fit -- on the model as trained so far, not the untrained one of ``on_train_start`` -- with a
+    loader of its own, so training's shuffling is untouched (min/max reduced over ranks); they
+    are kept in the checkpoint. Metric states reduce across processes, so DDP reports the whole validation set.
 
     Logged metrics:
-        ``coverage/<criterion>`` per scheduled epoch (e.g. ``coverage/nc``). A per-layer bar chart
-        goes to W&B as ``coverage/by_layer`` when a ``WandbLogger`` is attached, else to
+        ``coverage/<criterion>`` per scheduled epoch (e.g. ``coverage/nc``). With a
+        ``WandbLogger``, per-layer bar charts ``coverage/by_layer/<criterion>`` each epoch (native
+        W&B charts); without, the latest per-layer chart is written once the run ends to
         ``<log_dir>/coverage/coverage_by_layer.png``.
 
     Args:
         criteria: any of ``"nc"``, ``"kmnc"``, ``"nbc"``, ``"snac"``, ``"tknc"``.
-        layers: ``"auto"`` (every ``Linear``, ``Conv1d/2d/3d``, ``LSTM``/``GRU``/``RNN``) or layer names.
+        layers: ``"auto"`` (every ``Linear``, ``Conv1d/2d/3d``, ``LSTM``/``GRU``/``RNN``) or names.
         every_n_epochs: measure during every this many validation epochs.
         threshold: NC threshold in ``[0, 1]``.
         sections: KMNC's ``k``.
@@ -121,11 +151,9 @@ class NeuronCoverageCallback(Callback):
                 "dlguard.metrics.profile_neuron_ranges(model, train_loader, layers)"
             )
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self.needs_ranges or self.ranges is not None:
-            return
+    def _profile(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         ranges = profile_neuron_ranges(
-            pl_module, trainer.train_dataloader, self._layers, max_batches=self.max_profile_batches
+            pl_module, _profiling_loader(trainer), self._layers, max_batches=self.max_profile_batches
         )
         self.ranges = {name: self._reduce_over_ranks(pl_module, r) for name, r in ranges.items()}
 
@@ -144,6 +172,8 @@ class NeuronCoverageCallback(Callback):
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._scheduled(trainer):
             return
+        if self.needs_ranges and self.ranges is None:
+            self._profile(trainer, pl_module)  # once, on the model as trained so far
         self._remove_hooks()
         for name, module in self._layers.items():
 
@@ -166,8 +196,8 @@ class NeuronCoverageCallback(Callback):
     ) -> None:
         if not self._handles or not self._batch:
             return
-        values = {name: torch.cat([v for v, _ in parts]) for name, parts in self._batch.items()}
-        scaled = {name: torch.cat([s for _, s in parts]) for name, parts in self._batch.items()}
+        values = {name: _join([v for v, _ in parts]) for name, parts in self._batch.items()}
+        scaled = {name: _join([s for _, s in parts]) for name, parts in self._batch.items()}
         self._batch.clear()
         if not self._metrics:
             self._metrics = self._make_metrics({name: v.shape[1] for name, v in values.items()}, pl_module.device)
@@ -199,9 +229,28 @@ class NeuronCoverageCallback(Callback):
             "per_layer": {c: {k: float(v) for k, v in values.items() if k != "all"} for c, values in per_layer.items()},
         }
         self.history.append(record)
-        pl_module.log_dict({f"coverage/{c}": record[c] for c in self.criteria}, sync_dist=True)
-        figure = plot_coverage_by_layer(record["per_layer"])
+        # compute() already reduced the states over ranks: every rank logs the same values
+        pl_module.log_dict({f"coverage/{c}": record[c] for c in self.criteria}, sync_dist=False)
+        for criterion, layers in record["per_layer"].items():
+            log_wandb_bars(trainer, f"coverage/by_layer/{criterion}", layers, f"{criterion.upper()} per layer")
+
+    def _write_figure(self, trainer: L.Trainer) -> None:
+        """Without W&B, write the latest per-layer chart as a PNG once the run ends.
+
+        A PNG per epoch would only overwrite itself, and rendering one costs more than measuring
+        coverage on a small validation set.
+        """
+        if not self.history or find_wandb_logger(trainer) is not None:
+            return
+        figure = plot_coverage_by_layer(self.history[-1]["per_layer"])
         log_figure(trainer, "coverage/by_layer", figure, Path(trainer.log_dir or trainer.default_root_dir) / "coverage")
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._write_figure(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn != "fit":  # trainer.validate(): the run ends here
+            self._write_figure(trainer)
 
     # ---- cleaning up ------------------------------------------------------------------------
 

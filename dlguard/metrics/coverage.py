@@ -41,7 +41,7 @@ class _LayerCoverage(Metric):
     """Per-neuron hit counts of several layers in one flat ``sum``-reduced state per kind of hit.
 
     Subclasses name their states (``_states``), how many slots each neuron has (``_slots``) and
-    how a layer's ``(B, N)`` values turn into hits (``_layer_hits``).
+    how the layers' ``(B, N)`` values turn into hits (``_hits``).
     """
 
     is_differentiable = False
@@ -69,7 +69,8 @@ class _LayerCoverage(Metric):
     def _values(self, name: str, activation: Tensor) -> Tensor:
         return neuron_values(activation)
 
-    def _layer_hits(self, name: str, values: Tensor) -> tuple[Tensor, ...]:
+    def _hits(self, values: list[Tensor]) -> tuple[Tensor, ...]:
+        """Hits of every state from each layer's ``(B, N)`` values, in layer order."""
         raise NotImplementedError  # each criterion defines it
 
     def update(self, activations: Mapping[str, Tensor]) -> None:
@@ -81,16 +82,18 @@ class _LayerCoverage(Metric):
                 f"activations: expected the layers {list(self.layer_sizes)}, missing {sorted(missing)}, "
                 f"unknown {sorted(unknown)}"
             )
-        for name, activation in activations.items():
-            values = self._values(name, activation)
-            if values.shape[1] != self.layer_sizes[name]:
+        values = []
+        for name, size in self.layer_sizes.items():
+            layer_values = self._values(name, activations[name])
+            if layer_values.shape[1] != size:
                 raise ValueError(
-                    f"activations: layer {name!r} has {values.shape[1]} neurons, expected "
-                    f"{self.layer_sizes[name]} as at construction"
+                    f"activations: layer {name!r} has {layer_values.shape[1]} neurons, "
+                    f"expected {size} as at construction"
                 )
-            start, stop = self._bounds[name]
-            for state, hits in zip(self._states, self._layer_hits(name, values), strict=True):
-                getattr(self, state)[start * self._slots : stop * self._slots] += hits.flatten()
+            values.append(layer_values)
+        # the element-wise criteria run once on all layers side by side: few ops per batch
+        for state, hits in zip(self._states, self._hits(values), strict=True):
+            getattr(self, state).add_(hits.flatten())
 
     def _covered(self) -> Tensor:
         """``(total neurons, slots)``: whether each neuron slot was ever hit."""
@@ -149,8 +152,8 @@ class NeuronCoverage(_LayerCoverage):
     def _values(self, name: str, activation: Tensor) -> Tensor:
         return _scaled_neuron_values(activation) if self.scale else neuron_values(activation)
 
-    def _layer_hits(self, name: str, values: Tensor) -> tuple[Tensor, ...]:
-        return (_nc_hits(values, self.threshold),)
+    def _hits(self, values: list[Tensor]) -> tuple[Tensor, ...]:
+        return (_nc_hits(torch.cat(values, dim=1), self.threshold),)
 
 
 class _RangeCoverage(_LayerCoverage):
@@ -166,15 +169,16 @@ class _RangeCoverage(_LayerCoverage):
             if (low > high).any():
                 raise ValueError(f"ranges: layer {name!r} has low > high")
         super().__init__({name: len(bounds[0]) for name, bounds in ranges.items()}, per_layer, **kwargs)
-        for index, (low, high) in enumerate(ranges.values()):
-            self.register_buffer(f"_low{index}", low.detach().clone().float(), persistent=False)
-            self.register_buffer(f"_high{index}", high.detach().clone().float(), persistent=False)
-        self._range_index = {name: index for index, name in enumerate(ranges)}
+        # all layers' ranges side by side, in layer order, moved with the metric
+        self.register_buffer("low", torch.cat([low.detach().float() for low, _ in ranges.values()]), persistent=False)
+        self.register_buffer(
+            "high", torch.cat([high.detach().float() for _, high in ranges.values()]), persistent=False
+        )
 
-    def range(self, name: str) -> NeuronRange:
-        """The ``low``/``high`` of layer ``name`` (on the metric's device)."""
-        index = self._range_index[name]
-        return NeuronRange(getattr(self, f"_low{index}"), getattr(self, f"_high{index}"))
+    @property
+    def bounds(self) -> NeuronRange:
+        """Every neuron's ``low``/``high``, layers side by side."""
+        return NeuronRange(self.low, self.high)
 
 
 class KMultisectionCoverage(_RangeCoverage):
@@ -201,8 +205,8 @@ class KMultisectionCoverage(_RangeCoverage):
         super().__init__(ranges, per_layer, **kwargs)
         self.k = k
 
-    def _layer_hits(self, name: str, values: Tensor) -> tuple[Tensor, ...]:
-        return (_kmnc_hits(values, self.range(name), self.k),)
+    def _hits(self, values: list[Tensor]) -> tuple[Tensor, ...]:
+        return (_kmnc_hits(torch.cat(values, dim=1), self.bounds, self.k),)
 
 
 class NeuronBoundaryCoverage(_RangeCoverage):
@@ -218,8 +222,8 @@ class NeuronBoundaryCoverage(_RangeCoverage):
 
     _states = ("upper", "lower")
 
-    def _layer_hits(self, name: str, values: Tensor) -> tuple[Tensor, ...]:
-        return _boundary_hits(values, self.range(name))
+    def _hits(self, values: list[Tensor]) -> tuple[Tensor, ...]:
+        return _boundary_hits(torch.cat(values, dim=1), self.bounds)
 
 
 class StrongNeuronActivationCoverage(_RangeCoverage):
@@ -233,8 +237,8 @@ class StrongNeuronActivationCoverage(_RangeCoverage):
         tensor(0.5000, dtype=torch.float64)
     """
 
-    def _layer_hits(self, name: str, values: Tensor) -> tuple[Tensor, ...]:
-        return (_boundary_hits(values, self.range(name))[0],)
+    def _hits(self, values: list[Tensor]) -> tuple[Tensor, ...]:
+        return (_boundary_hits(torch.cat(values, dim=1), self.bounds)[0],)
 
 
 class TopKNeuronCoverage(_LayerCoverage):
@@ -253,8 +257,8 @@ class TopKNeuronCoverage(_LayerCoverage):
         super().__init__(layer_sizes, per_layer, **kwargs)
         self.k = k
 
-    def _layer_hits(self, name: str, values: Tensor) -> tuple[Tensor, ...]:
-        return (_top_k_hits(values, self.k),)
+    def _hits(self, values: list[Tensor]) -> tuple[Tensor, ...]:
+        return (torch.cat([_top_k_hits(layer_values, self.k) for layer_values in values]),)
 
 
 class OutputImpartiality(Metric):

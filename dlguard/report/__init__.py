@@ -1,11 +1,12 @@
 """Reporting: matplotlib figures and W&B helpers (PNG files when W&B is absent)."""
 
 from dlguard.report.figures import plot_coverage_by_layer, plot_dscore_heatmaps, plot_image_grid, plot_training_curves
-from dlguard.report.logging import find_wandb_logger, log_figure
+from dlguard.report.logging import find_wandb_logger, log_figure, log_wandb_bars
 
 __all__ = [
     "find_wandb_logger",
     "log_figure",
+    "log_wandb_bars",
     "plot_coverage_by_layer",
     "plot_dscore_heatmaps",
     "plot_image_grid",

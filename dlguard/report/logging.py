@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import lightning as L
@@ -9,7 +10,7 @@ import matplotlib.pyplot as plt
 from lightning.pytorch.loggers import WandbLogger
 from matplotlib.figure import Figure
 
-__all__ = ["find_wandb_logger", "log_figure"]
+__all__ = ["find_wandb_logger", "log_figure", "log_wandb_bars"]
 
 
 def find_wandb_logger(trainer: L.Trainer) -> WandbLogger | None:
@@ -53,3 +54,21 @@ def log_figure(
         return path
     finally:
         plt.close(figure)
+
+
+def log_wandb_bars(trainer: L.Trainer, key: str, values: Mapping[str, float], title: str) -> bool:
+    """On rank zero, log ``{label: value}`` as a native W&B bar chart (drawn by W&B, not here).
+
+    Returns:
+        Whether a ``WandbLogger`` was attached (on every rank), so callers know to fall back to files.
+    """
+    wandb_logger = find_wandb_logger(trainer)
+    if wandb_logger is None:
+        return False
+    if trainer.is_global_zero:
+        import wandb
+
+        table = wandb.Table(data=[[label, float(value)] for label, value in values.items()], columns=["layer", "value"])
+        chart = wandb.plot.bar(table, "layer", "value", title=title)
+        wandb_logger.experiment.log({key: chart, "trainer/global_step": trainer.global_step})
+    return True

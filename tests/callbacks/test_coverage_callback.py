@@ -38,7 +38,7 @@ class CountingModule(ClassifierModule):
         super().validation_step(batch, batch_idx)
 
 
-def trainer_for(tmp_path: Path, callback: NeuronCoverageCallback, epochs: int = 1, **kwargs) -> L.Trainer:
+def trainer_for(tmp_path: Path, callback: L.Callback, epochs: int = 1, **kwargs) -> L.Trainer:
     L.seed_everything(0, verbose=False)
     return L.Trainer(
         max_epochs=epochs,
@@ -145,3 +145,26 @@ def test_state_round_trip_keeps_ranges() -> None:
 def test_bad_arguments(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         NeuronCoverageCallback(**kwargs)
+
+
+def test_profiling_leaves_the_training_batches_unchanged(tmp_path: Path) -> None:
+    """The same fit with and without the callback: same batches, same global RNG at every step."""
+
+    class BatchRecorder(L.Callback):
+        def __init__(self) -> None:
+            self.labels: list[torch.Tensor] = []
+            self.rng: list[torch.Tensor] = []
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            self.labels.append(batch[1].clone())
+            self.rng.append(torch.random.get_rng_state())
+
+    runs = []
+    for callbacks in ([], [NeuronCoverageCallback(criteria=["kmnc", "nbc"])]):
+        recorder = BatchRecorder()
+        trainer = trainer_for(tmp_path, recorder, epochs=2)
+        trainer.callbacks.extend(callbacks)
+        trainer.fit(CountingModule(mnist_a()), datamodule=MNISTDataModule(batch_size=64))
+        runs.append((torch.cat(recorder.labels), torch.stack(recorder.rng)))
+    assert torch.equal(runs[0][0], runs[1][0])
+    assert torch.equal(runs[0][1], runs[1][1])
