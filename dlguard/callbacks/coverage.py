@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
+from matplotlib.figure import Figure
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Subset
 from torch.utils.hooks import RemovableHandle
 
+from dlguard.callbacks._final_figure import _FinalFigureCallback
 from dlguard.metrics.coverage import (
     KMultisectionCoverage,
     NeuronBoundaryCoverage,
@@ -32,7 +32,7 @@ from dlguard.probes.capture import _first_tensor
 from dlguard.probes.layers import LayerSpec
 from dlguard.probes.neurons import neuron_layers, neuron_output, profile_neuron_ranges
 from dlguard.report.figures import plot_coverage_by_layer
-from dlguard.report.logging import find_wandb_logger, log_figure, log_wandb_bars
+from dlguard.report.logging import log_wandb_bars
 
 __all__ = ["CRITERIA", "NeuronCoverageCallback"]
 
@@ -67,7 +67,7 @@ def _join(parts: list[Tensor]) -> Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-class NeuronCoverageCallback(Callback):
+class NeuronCoverageCallback(_FinalFigureCallback):
     """Measure coverage criteria on the validation loop's own forward passes (no second pass).
 
     Forward hooks are registered on the selected layers when a scheduled validation epoch starts
@@ -234,23 +234,8 @@ class NeuronCoverageCallback(Callback):
         for criterion, layers in record["per_layer"].items():
             log_wandb_bars(trainer, f"coverage/by_layer/{criterion}", layers, f"{criterion.upper()} per layer")
 
-    def _write_figure(self, trainer: L.Trainer) -> None:
-        """Without W&B, write the latest per-layer chart as a PNG once the run ends.
-
-        A PNG per epoch would only overwrite itself, and rendering one costs more than measuring
-        coverage on a small validation set.
-        """
-        if not self.history or find_wandb_logger(trainer) is not None:
-            return
-        figure = plot_coverage_by_layer(self.history[-1]["per_layer"])
-        log_figure(trainer, "coverage/by_layer", figure, Path(trainer.log_dir or trainer.default_root_dir) / "coverage")
-
-    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._write_figure(trainer)
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.state.fn != "fit":  # trainer.validate(): the run ends here
-            self._write_figure(trainer)
+    def _final_figure(self) -> tuple[str, Figure] | None:
+        return ("coverage/by_layer", plot_coverage_by_layer(self.history[-1]["per_layer"])) if self.history else None
 
     # ---- cleaning up ------------------------------------------------------------------------
 

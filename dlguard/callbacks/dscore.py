@@ -8,21 +8,24 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
+from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from dlguard.augment.functional.translate import region_translations
 from dlguard.augment.score_guided_padding import ScoreGuidedPadding
+from dlguard.callbacks._final_figure import _FinalFigureCallback
 from dlguard.metrics.dscore import DScore
+from dlguard.metrics.functional.dscore import d_score
 from dlguard.probes import deletion_mutant_logits, evaluation, resolve_layers, select_layers
 from dlguard.probes.layers import LayerSpec
 from dlguard.probes.region_deletion import default_max_batch
-from dlguard.report.logging import log_figure
+from dlguard.report.figures import plot_dscore_heatmaps
+from dlguard.report.logging import find_wandb_logger, log_figure
 
 __all__ = ["DScoreCallback"]
 
 
-class DScoreCallback(Callback):
+class DScoreCallback(_FinalFigureCallback):
     """Measure D-Score on a fixed probe set at the end of validation; optionally guide training.
 
     The probe set is drawn once, uniformly at random with a fixed seed, from the ``(images,
@@ -158,6 +161,7 @@ class DScoreCallback(Callback):
             "attention_distribution": result.attention_distribution.tolist(),
             "augment_probability": float(result.augment_probability),
             "probe_size": int(self._metric.total),
+            "num_classes": self._metric.num_classes,
         }
         self.history.append(record)
         logged = {f"dscore/{key}": record[key] for key in ("d_score", "v_robust", "v_fitness", "baseline_acc")}
@@ -165,9 +169,17 @@ class DScoreCallback(Callback):
             self.guide.p = record["augment_probability"]
             logged["dscore/guide_p"] = self.guide.p
         pl_module.log_dict(logged, sync_dist=True)
-        figure, _ = self._metric.plot(result)
-        directory = Path(trainer.log_dir or trainer.default_root_dir) / "dscore"
-        log_figure(trainer, "dscore/distributions", figure, directory)
+        if find_wandb_logger(trainer) is not None:  # a heatmap per epoch; without W&B one PNG at the end
+            directory = Path(trainer.log_dir or trainer.default_root_dir) / "dscore"
+            log_figure(trainer, "dscore/distributions", self._metric.plot(result)[0], directory)
+
+    def _final_figure(self) -> tuple[str, Figure] | None:
+        if self.latest is None:
+            return None
+        latest = self.latest
+        accuracies = (latest["baseline_acc"], latest["deletion_acc"], latest["translation_acc"])
+        result = d_score(*accuracies, num_classes=latest.get("num_classes", self.num_classes or 10))
+        return "dscore/distributions", plot_dscore_heatmaps(result)
 
     def _mutated_layers(self, model: nn.Module) -> dict[str, nn.Module]:
         return select_layers(model, types=nn.Conv2d) if self.layers is None else resolve_layers(model, self.layers)

@@ -5,7 +5,6 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 
 from dlguard.callbacks import NeuronCoverageCallback
@@ -14,6 +13,7 @@ from dlguard.metrics import NeuronCoverage, NeuronRange
 from dlguard.probes import neuron_layers
 from dlguard.zoo import ClassifierModule, mnist_a, pretrained
 from tests.probes.fingerprint import fingerprint
+from tests.quick import quick_trainer
 
 
 class CountingModule(ClassifierModule):
@@ -39,19 +39,7 @@ class CountingModule(ClassifierModule):
 
 
 def trainer_for(tmp_path: Path, callback: L.Callback, epochs: int = 1, **kwargs) -> L.Trainer:
-    L.seed_everything(0, verbose=False)
-    return L.Trainer(
-        max_epochs=epochs,
-        limit_train_batches=4,
-        limit_val_batches=3,
-        callbacks=[callback],
-        logger=CSVLogger(tmp_path, name="", version=""),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        **kwargs,
-    )
+    return quick_trainer(tmp_path, [callback], epochs=epochs, num_sanity_val_steps=0, **kwargs)
 
 
 def hook_counts(module: nn.Module) -> int:

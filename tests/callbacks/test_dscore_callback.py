@@ -5,7 +5,6 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 
 from dlguard.augment import ScoreGuidedPadding
@@ -14,21 +13,11 @@ from dlguard.data import MNISTDataModule
 from dlguard.metrics.functional import d_score
 from dlguard.zoo import ClassifierModule, mnist_a, pretrained
 from tests.probes.fingerprint import assert_unchanged, fingerprint
+from tests.quick import quick_trainer
 
 
 def fit(tmp_path: Path, callback: DScoreCallback, epochs: int = 2, net: nn.Module | None = None) -> L.Trainer:
-    L.seed_everything(0, verbose=False)
-    trainer = L.Trainer(
-        max_epochs=epochs,
-        limit_train_batches=8,
-        limit_val_batches=4,
-        callbacks=[callback],
-        logger=CSVLogger(tmp_path, name="", version=""),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = quick_trainer(tmp_path, [callback], epochs=epochs, train_batches=8, val_batches=4)
     trainer.fit(ClassifierModule(net or pretrained("mnist_a").train()), datamodule=MNISTDataModule(batch_size=64))
     return trainer
 

@@ -1,16 +1,13 @@
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from dlguard.metrics import KMultisectionCoverage, NeuronBoundaryCoverage, NeuronCoverage, TopKNeuronCoverage
 from dlguard.metrics.functional import NeuronRange
-from tests.metrics.test_dscore_ddp import free_port
+from tests.quick import run_on_two_processes
 
 
 def data() -> tuple[dict[str, torch.Tensor], dict[str, NeuronRange]]:
@@ -34,26 +31,18 @@ def metrics() -> list:
     ]
 
 
-def _worker(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        acts, _ = data()
-        results = []
-        for metric in metrics():
-            metric.update({k: v[rank::world] for k, v in acts.items()})
-            results.append(metric.compute())
-        if rank == 0:
-            torch.save(results, out)
-    finally:
-        dist.destroy_process_group()
+def _shard_results(rank: int, world: int) -> list:
+    acts, _ = data()
+    results = []
+    for metric in metrics():
+        metric.update({k: v[rank::world] for k, v in acts.items()})
+        results.append(metric.compute())
+    return results
 
 
 @pytest.mark.ddp
 def test_two_processes_equal_one(tmp_path: Path) -> None:
-    out = tmp_path / "rank0.pt"
-    mp.spawn(_worker, args=(2, free_port(), str(out)), nprocs=2, join=True)
-    reduced = torch.load(out, weights_only=False)
+    reduced = run_on_two_processes(_shard_results, tmp_path)
     acts, _ = data()
     for metric, got in zip(metrics(), reduced, strict=True):
         metric.update(acts)
@@ -62,3 +51,33 @@ def test_two_processes_equal_one(tmp_path: Path) -> None:
             assert {k: float(v) for k, v in got.items()} == {k: float(v) for k, v in expected.items()}
         else:
             assert float(got) == float(expected)
+
+
+def _logged_coverage(tmp_path: Path, devices: int) -> dict[str, float]:
+    import csv
+
+    from dlguard.callbacks import NeuronCoverageCallback
+    from dlguard.data import MNISTDataModule
+    from dlguard.zoo import ClassifierModule, pretrained
+    from tests.quick import quick_trainer
+
+    extra = {"strategy": "ddp_spawn"} if devices > 1 else {}
+    callback = NeuronCoverageCallback()  # profiles all 4,000 training images: each rank half of them
+    trainer = quick_trainer(
+        tmp_path, [callback], train_batches=1, val_batches=1.0, accelerator="cpu", devices=devices, **extra
+    )
+    # lr 1e-12: one step leaves the weights as they are, so both runs probe the same model
+    trainer.fit(ClassifierModule(pretrained("mnist_a"), lr=1e-12), datamodule=MNISTDataModule(batch_size=250))
+    with (tmp_path / "metrics.csv").open() as handle:
+        row = next(row for row in csv.DictReader(handle) if row.get("coverage/nc"))
+    return {key: float(value) for key, value in row.items() if key.startswith("coverage/")}
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+def test_callback_under_ddp_spawn_equals_one_process(tmp_path: Path) -> None:
+    """Coverage is a union over inputs and ranges a min/max: sharding must not change a number."""
+    single = _logged_coverage(tmp_path / "one", devices=1)
+    double = _logged_coverage(tmp_path / "two", devices=2)
+    assert set(single) == {f"coverage/{c}" for c in ("nc", "kmnc", "nbc", "snac", "tknc")}
+    assert double == pytest.approx(single, abs=1e-9)

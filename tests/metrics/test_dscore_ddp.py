@@ -1,50 +1,31 @@
 from __future__ import annotations
 
 import csv
-import os
-import socket
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from lightning.pytorch.loggers import CSVLogger
 
 from dlguard.callbacks import DScoreCallback
 from dlguard.data import MNISTDataModule
 from dlguard.metrics import DScore
 from dlguard.zoo import ClassifierModule, pretrained
 from tests.metrics.test_dscore import random_logits
+from tests.quick import quick_trainer, run_on_two_processes
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _worker(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        baseline, mutants, translated, target = random_logits(0)
-        metric = DScore(n=3, num_classes=5)
-        shard = slice(rank, None, world)  # each rank its own shard, uneven sizes
-        metric.update(baseline[shard], mutants[:, shard], translated[:, shard], target[shard])
-        result = metric.compute()
-        if rank == 0:
-            torch.save({"result": result._asdict(), "total": metric.total}, out)
-    finally:
-        dist.destroy_process_group()
+def _shard_result(rank: int, world: int) -> dict:
+    baseline, mutants, translated, target = random_logits(0)
+    metric = DScore(n=3, num_classes=5)
+    shard = slice(rank, None, world)  # each rank its own shard, uneven sizes
+    metric.update(baseline[shard], mutants[:, shard], translated[:, shard], target[shard])
+    result = metric.compute()
+    return {"result": result._asdict(), "total": metric.total}
 
 
 @pytest.mark.ddp
 def test_two_processes_equal_one(tmp_path: Path) -> None:
-    out = tmp_path / "rank0.pt"
-    mp.spawn(_worker, args=(2, free_port(), str(out)), nprocs=2, join=True)
-    reduced = torch.load(out, weights_only=False)
+    reduced = run_on_two_processes(_shard_result, tmp_path)
     single = DScore(n=3, num_classes=5)
     single.update(*random_logits(0))
     expected = single.compute()
@@ -56,19 +37,13 @@ def test_two_processes_equal_one(tmp_path: Path) -> None:
 @pytest.mark.ddp
 @pytest.mark.slow
 def test_callback_under_ddp_spawn(tmp_path: Path) -> None:
-    L.seed_everything(0, verbose=False)
-    trainer = L.Trainer(
+    trainer = quick_trainer(
+        tmp_path,
+        [DScoreCallback(n=2, probe_size=64)],
+        val_batches=4,
         accelerator="cpu",
         devices=2,
         strategy="ddp_spawn",
-        max_epochs=1,
-        limit_train_batches=4,
-        limit_val_batches=4,
-        callbacks=[DScoreCallback(n=2, probe_size=64)],
-        logger=CSVLogger(tmp_path, name="", version=""),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
     )
     trainer.fit(ClassifierModule(pretrained("mnist_a").train()), datamodule=MNISTDataModule(batch_size=32))
     with (tmp_path / "metrics.csv").open() as handle:
