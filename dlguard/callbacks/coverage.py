@@ -175,6 +175,8 @@ class NeuronCoverageCallback(_FinalFigureCallback):
         if self.needs_ranges and self.ranges is None:
             self._profile(trainer, pl_module)  # once, on the model as trained so far
         self._remove_hooks()
+        for metric in self._metrics.values():  # an epoch cut short by an exception left counts behind
+            metric.reset()
         for name, module in self._layers.items():
 
             def read(module: nn.Module, _inputs: Any, output: Any, name: str = name) -> None:
