@@ -1,6 +1,31 @@
-"""Pure perturbation ops on ``(B, C, H, W)`` float tensors in ``[0, 1]``."""
+"""Pure perturbation ops on ``(B, C, H, W)`` float tensors in ``[0, 1]``, per-sample parameters."""
 
+from dlguard.augment.functional.blur import bilateral_blur, box_blur, gaussian_blur, median_blur
+from dlguard.augment.functional.geometric import rotation, scaling, shearing, translation
 from dlguard.augment.functional.padding import pad_resize, pad_resize_matrix
+from dlguard.augment.functional.photometric import brightness_scale, brightness_shift, contrast, gaussian_noise
 from dlguard.augment.functional.translate import pad_to_region, region_translations
+from dlguard.augment.functional.weather import fog, plasma_field, rain, rain_streaks
 
-__all__ = ["pad_resize", "pad_resize_matrix", "pad_to_region", "region_translations"]
+__all__ = [
+    "bilateral_blur",
+    "box_blur",
+    "brightness_scale",
+    "brightness_shift",
+    "contrast",
+    "fog",
+    "gaussian_blur",
+    "gaussian_noise",
+    "median_blur",
+    "pad_resize",
+    "pad_resize_matrix",
+    "pad_to_region",
+    "plasma_field",
+    "rain",
+    "rain_streaks",
+    "region_translations",
+    "rotation",
+    "scaling",
+    "shearing",
+    "translation",
+]

@@ -1,0 +1,154 @@
+"""RandomFog and RandomRain: kornia augmentations with five severities, drawn per sample."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from kornia.augmentation import IntensityAugmentationBase2D
+from torch import Tensor
+
+from dlguard.augment.functional.weather import fog, plasma_field, rain, rain_streaks
+
+__all__ = ["RandomFog", "RandomRain"]
+
+# severity 1..5 (index 0..4)
+_FOG_DENSITY = (0.6, 1.0, 1.5, 2.1, 2.8)
+_RAIN_DROPS = (0.004, 0.008, 0.013, 0.02, 0.03)  # fraction of pixels starting a streak
+_RAIN_LENGTH = (0.04, 0.05, 0.065, 0.08, 0.1)  # streak length as a fraction of the image height
+_RAIN_DARKENING = (0.95, 0.9, 0.85, 0.79, 0.72)
+_RAIN_BLUR = (0.3, 0.45, 0.6, 0.8, 1.0)
+
+
+def _check_severity(severity: int | tuple[int, int]) -> tuple[int, int]:
+    low, high = (severity, severity) if isinstance(severity, int) else severity
+    if not (isinstance(low, int) and isinstance(high, int) and 1 <= low <= high <= 5):
+        raise ValueError(f"severity: expected an integer in 1..5 or a range (low, high) within it, got {severity!r}")
+    return low, high
+
+
+class _WeatherBase(IntensityAugmentationBase2D):
+    def __init__(self, severity: int | tuple[int, int], p: float, same_on_batch: bool, keepdim: bool) -> None:
+        super().__init__(p=p, same_on_batch=same_on_batch, keepdim=keepdim)
+        self.severity = _check_severity(severity)
+
+    def _uniform(self, batch: int, low: float, high: float) -> Tensor:
+        draw = torch.rand(1 if self.same_on_batch else batch, device=self.device, dtype=self.dtype)
+        return (low + (high - low) * draw).expand(batch)
+
+    def _severities(self, batch: int) -> Tensor:
+        low, high = self.severity
+        draw = torch.randint(low, high + 1, (1 if self.same_on_batch else batch,), device=self.device)
+        return draw.expand(batch)
+
+
+class RandomFog(_WeatherBase):
+    """Fog by atmospheric scattering over a smooth random depth field (SPEC §2), batched on the device.
+
+    Per sample: a plasma-fractal depth ``0.35 + 0.65·field``, a density set by the severity (1-5,
+    jittered by ±10 %) and a near-white airlight ``A ~ U(0.82, 0.95)``. Differentiable in the image;
+    parameters (including each depth map) replay with ``aug(x, params=aug._params)``.
+
+    Args:
+        severity: 1-5, or a range ``(low, high)`` drawn per sample.
+        p: probability of applying fog to an image.
+        same_on_batch: one draw for the whole batch.
+        keepdim: keep a ``(C, H, W)`` input unbatched (e.g. in a DataLoader worker).
+
+    Example:
+        >>> import torch
+        >>> _ = torch.manual_seed(0)
+        >>> aug = RandomFog(severity=3, p=1.0)
+        >>> out = aug(torch.zeros(2, 3, 16, 16))
+        >>> out.shape, bool(out.min() > 0.3)  # black scene now mostly airlight
+        (torch.Size([2, 3, 16, 16]), True)
+    """
+
+    def __init__(
+        self,
+        severity: int | tuple[int, int] = (1, 5),
+        p: float = 0.5,
+        same_on_batch: bool = False,
+        keepdim: bool = False,
+    ) -> None:
+        super().__init__(severity, p, same_on_batch, keepdim)
+
+    def generate_parameters(self, batch_shape: tuple[int, ...]) -> dict[str, Tensor]:
+        batch, height, width = batch_shape[0], batch_shape[-2], batch_shape[-1]
+        severity = self._severities(batch)
+        table = torch.tensor(_FOG_DENSITY, device=self.device, dtype=self.dtype)
+        field = plasma_field(1 if self.same_on_batch else batch, height, width, device=self.device)
+        return {
+            "severity": severity,
+            "depth": (0.35 + 0.65 * field).expand(batch, 1, height, width).to(self.dtype),
+            "density": table[severity - 1] * self._uniform(batch, 0.9, 1.1),
+            "airlight": self._uniform(batch, 0.82, 0.95),
+        }
+
+    def apply_transform(
+        self, input: Tensor, params: dict[str, Tensor], flags: dict[str, Any], transform: Tensor | None = None
+    ) -> Tensor:
+        return fog(input, params["depth"], params["density"], params["airlight"])
+
+
+class RandomRain(_WeatherBase):
+    """Rain: slanted streaks (sparse drops smeared by a rotated line kernel), blur and darkening.
+
+    Per sample: drop density, streak length (a fraction of the height), darkening and blur set by
+    the severity (1-5), a slant ``U(−20°, 20°)`` and streak brightness ``U(0.75, 0.9)``. Batched
+    on the device (one grouped convolution draws every image's streaks), differentiable in the
+    image, replayable with ``aug(x, params=aug._params)``.
+
+    Args:
+        severity: 1-5, or a range ``(low, high)`` drawn per sample.
+        p: probability of applying rain to an image.
+        same_on_batch: one draw for the whole batch.
+        keepdim: keep a ``(C, H, W)`` input unbatched (e.g. in a DataLoader worker).
+
+    Example:
+        >>> import torch
+        >>> _ = torch.manual_seed(0)
+        >>> aug = RandomRain(severity=5, p=1.0)
+        >>> out = aug(torch.full((2, 3, 64, 64), 0.3))
+        >>> out.shape, bool(out.max() > 0.5)  # bright streaks over a dark scene
+        (torch.Size([2, 3, 64, 64]), True)
+    """
+
+    def __init__(
+        self,
+        severity: int | tuple[int, int] = (1, 5),
+        p: float = 0.5,
+        same_on_batch: bool = False,
+        keepdim: bool = False,
+    ) -> None:
+        super().__init__(severity, p, same_on_batch, keepdim)
+
+    def generate_parameters(self, batch_shape: tuple[int, ...]) -> dict[str, Tensor]:
+        batch, height, width = batch_shape[0], batch_shape[-2], batch_shape[-1]
+        severity = self._severities(batch)
+        index = severity - 1
+
+        def pick(values: tuple[float, ...]) -> Tensor:
+            return torch.tensor(values, device=self.device, dtype=self.dtype)[index]
+
+        drawn = 1 if self.same_on_batch else batch
+        streaks = rain_streaks(
+            drawn,
+            height,
+            width,
+            density=pick(_RAIN_DROPS)[:drawn],
+            length=(pick(_RAIN_LENGTH) * height).clamp(min=2)[:drawn],
+            angle=self._uniform(batch, -20.0, 20.0)[:drawn],
+        )
+        return {
+            "severity": severity,
+            "streaks": streaks.expand(batch, 1, height, width),
+            "brightness": self._uniform(batch, 0.75, 0.9),
+            "darkening": pick(_RAIN_DARKENING),
+            "blur_sigma": pick(_RAIN_BLUR),
+        }
+
+    def apply_transform(
+        self, input: Tensor, params: dict[str, Tensor], flags: dict[str, Any], transform: Tensor | None = None
+    ) -> Tensor:
+        return rain(input, params["streaks"], params["brightness"], params["darkening"], params["blur_sigma"])

@@ -1,0 +1,147 @@
+from __future__ import annotations
+
+from itertools import pairwise
+
+import pytest
+import torch
+from sklearn.datasets import load_sample_images
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, Dataset
+from torchmetrics.functional.image import structural_similarity_index_measure as ssim
+
+from dlguard.augment import RandomFog, RandomRain
+from dlguard.augment.functional import fog, plasma_field, rain, rain_streaks
+from dlguard.augment.weather import _FOG_DENSITY, _RAIN_BLUR, _RAIN_DARKENING, _RAIN_DROPS, _RAIN_LENGTH
+
+
+@pytest.fixture(scope="module")
+def photos() -> torch.Tensor:
+    images = torch.stack([torch.tensor(p) for p in load_sample_images().images]).permute(0, 3, 1, 2).float() / 255
+    return F.interpolate(images, size=(128, 128), mode="bilinear", antialias=True).clamp(0, 1)
+
+
+@pytest.mark.parametrize("effect", [RandomFog, RandomRain])
+@pytest.mark.parametrize(("channels", "dtype"), [(1, torch.float32), (3, torch.float32), (3, torch.float64)])
+def test_shape_dtype_and_range_are_kept(effect, channels: int, dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    images = torch.rand(4, channels, 40, 56, dtype=dtype)
+    out = effect(severity=(1, 5), p=1.0)(images)
+    assert out.shape == images.shape and out.dtype == dtype and out.device == images.device
+    assert out.min() >= 0 and out.max() <= 1
+    assert not torch.allclose(out, images)
+
+
+@pytest.mark.parametrize("effect", [RandomFog, RandomRain])
+def test_replaying_parameters_reproduces_the_output(effect) -> None:
+    torch.manual_seed(0)
+    images = torch.rand(3, 3, 32, 32)
+    aug = effect(p=1.0)
+    first = aug(images)
+    torch.manual_seed(123)  # a different RNG state must not matter when parameters are given
+    assert torch.equal(aug(images, params=aug._params), first)
+
+
+@pytest.mark.parametrize("effect", [RandomFog, RandomRain])
+def test_parameters_differ_per_sample_unless_same_on_batch(effect) -> None:
+    torch.manual_seed(0)
+    images = torch.rand(6, 3, 32, 32)
+    out = effect(severity=3, p=1.0)(images[:1].expand(6, -1, -1, -1))
+    assert not torch.allclose(out[0], out[1])
+    same = effect(severity=3, p=1.0, same_on_batch=True)(images[:1].expand(6, -1, -1, -1))
+    assert torch.allclose(same[0], same[5])
+
+
+def test_fog_ssim_falls_with_severity(photos: torch.Tensor) -> None:
+    depth = 0.35 + 0.65 * plasma_field(len(photos), 128, 128, generator=torch.Generator().manual_seed(0))
+    scores = [float(ssim(fog(photos, depth, beta, 0.9), photos, data_range=1.0)) for beta in _FOG_DENSITY]
+    assert all(a > b for a, b in pairwise(scores)), scores
+    assert scores[0] < 0.99 and scores[-1] < 0.6
+
+
+def test_rain_ssim_falls_with_severity(photos: torch.Tensor) -> None:
+    batch, _, height, width = photos.shape
+    scores = []
+    for level in range(5):
+        streaks = rain_streaks(
+            batch,
+            height,
+            width,
+            density=torch.full((batch,), _RAIN_DROPS[level]),
+            length=torch.full((batch,), _RAIN_LENGTH[level] * height),
+            angle=torch.full((batch,), 10.0),
+            generator=torch.Generator().manual_seed(0),
+        )
+        rainy = rain(photos, streaks, 0.8, _RAIN_DARKENING[level], _RAIN_BLUR[level])
+        scores.append(float(ssim(rainy, photos, data_range=1.0)))
+    assert all(a > b for a, b in pairwise(scores)), scores
+
+
+def test_fog_follows_the_scattering_model() -> None:
+    images = torch.rand(2, 3, 8, 8)
+    depth = torch.rand(2, 1, 8, 8)
+    out = fog(images, depth, torch.tensor([0.5, 2.0]), torch.tensor([0.9, 0.8]))
+    tau = torch.exp(-torch.tensor([0.5, 2.0]).view(2, 1, 1, 1) * depth)
+    expected = images * tau + torch.tensor([0.9, 0.8]).view(2, 1, 1, 1) * (1 - tau)
+    torch.testing.assert_close(out, expected)
+
+
+def test_streak_kernel_follows_the_slant() -> None:
+    """The line kernel at +20° from vertical leans that way: x grows with y at tan(20°)."""
+    from dlguard.augment.functional.weather import _line_kernels
+
+    kernel = _line_kernels(torch.tensor([21.0]), torch.tensor([20.0]), 21)[0, 0]
+    assert float(kernel.sum()) == pytest.approx(1.0)
+    ys, xs = torch.nonzero(kernel > 0, as_tuple=True)
+    design = torch.stack([ys.float(), torch.ones_like(ys.float())], dim=1)
+    slope = torch.linalg.lstsq(design, xs.float()[:, None]).solution[0]
+    assert float(slope) == pytest.approx(float(torch.tan(torch.deg2rad(torch.tensor(20.0)))), abs=0.08)
+
+
+def test_gradcheck() -> None:
+    gen = torch.Generator().manual_seed(0)
+    images = (torch.rand(2, 1, 8, 8, generator=gen, dtype=torch.float64) * 0.6 + 0.2).requires_grad_(True)
+    depth = torch.rand(2, 1, 8, 8, generator=gen, dtype=torch.float64)
+    streaks = torch.rand(2, 1, 8, 8, generator=gen, dtype=torch.float64) * 0.5
+    assert torch.autograd.gradcheck(lambda x: fog(x, depth, torch.tensor([0.5, 1.5]).double(), 0.9), (images,))
+    assert torch.autograd.gradcheck(lambda x: rain(x, streaks, 0.8, 0.9, 0.6), (images,))
+
+
+class _Digits(Dataset):
+    def __init__(self) -> None:
+        self.images = torch.rand(4, 1, 28, 28)
+        self.fog = RandomFog(severity=2, p=1.0, keepdim=True)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.fog(self.images[index])
+
+
+def test_works_in_a_dataloader_worker() -> None:
+    batch = next(iter(DataLoader(_Digits(), batch_size=4, num_workers=1)))
+    assert batch.shape == (4, 1, 28, 28) and batch.min() >= 0 and batch.max() <= 1
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: RandomFog(severity=0), "severity: expected an integer in 1..5"),
+        (lambda: RandomRain(severity=(2, 6)), "severity"),
+        (
+            lambda: fog(torch.zeros(2, 3, 8, 8, dtype=torch.uint8), torch.ones(2, 1, 8, 8), 1.0),
+            "images: expected float",
+        ),
+        (lambda: fog(torch.rand(2, 3, 8, 8) * 2, torch.ones(2, 1, 8, 8), 1.0), "images: expected values in \\[0, 1\\]"),
+        (lambda: fog(torch.rand(3, 8, 8), torch.ones(1, 1, 8, 8), 1.0), "images: expected \\(B, C, H, W\\)"),
+        (
+            lambda: fog(torch.rand(2, 3, 8, 8), torch.ones(2, 1, 8, 8), torch.ones(3)),
+            "density: expected a scalar or shape \\(2,\\)",
+        ),
+        (lambda: rain(torch.rand(2, 3, 8, 8), torch.zeros(2, 1, 8, 8), darkening=torch.ones(5)), "darkening"),
+        (lambda: rain(torch.rand(2, 3, 8, 8), torch.zeros(1, 1, 8, 8)), "streaks: expected"),
+    ],
+)
+def test_bad_input(call, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        call()
