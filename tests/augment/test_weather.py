@@ -85,16 +85,25 @@ def test_fog_follows_the_scattering_model() -> None:
     torch.testing.assert_close(out, expected)
 
 
-def test_streak_kernel_follows_the_slant() -> None:
-    """The line kernel at +20° from vertical leans that way: x grows with y at tan(20°)."""
-    from dlguard.augment.functional.weather import _line_kernels
+def test_a_drop_becomes_a_streak_of_the_given_length_and_slant() -> None:
+    from dlguard.augment.functional.weather import _draw_streaks
 
-    kernel = _line_kernels(torch.tensor([21.0]), torch.tensor([20.0]), 21)[0, 0]
-    assert float(kernel.sum()) == pytest.approx(1.0)
-    ys, xs = torch.nonzero(kernel > 0, as_tuple=True)
+    def one_drop(angle: float) -> torch.Tensor:
+        centre = torch.tensor([[20.0]])
+        return _draw_streaks(centre, centre, torch.ones(1, 1), torch.tensor([20.0]), torch.tensor([angle]), 41, 41)[
+            0, 0
+        ]
+
+    upright = one_drop(0.0)
+    assert torch.nonzero(upright.sum(1) > 0.5).flatten().tolist() == list(range(10, 31))  # 21 rows through y = 20
+    assert torch.nonzero(upright.sum(0) > 0).flatten().tolist() == [20]  # one column, x = 20
+    slanted = one_drop(20.0)
+    ys, xs = torch.nonzero(slanted > 0.3, as_tuple=True)
     design = torch.stack([ys.float(), torch.ones_like(ys.float())], dim=1)
-    slope = torch.linalg.lstsq(design, xs.float()[:, None]).solution[0]
-    assert float(slope) == pytest.approx(float(torch.tan(torch.deg2rad(torch.tensor(20.0)))), abs=0.08)
+    slope = float(torch.linalg.lstsq(design, xs.float()[:, None]).solution[0])  # dx / dy
+    assert slope == pytest.approx(-float(torch.tan(torch.deg2rad(torch.tensor(20.0)))), abs=0.05)  # top leans right
+    # 21 unit steps; where two round to the same row their sum is clamped to 1
+    assert float(slanted.max()) <= 1.0 and float(slanted.sum()) == pytest.approx(21.0, rel=0.1)
 
 
 def test_gradcheck() -> None:
@@ -145,3 +154,14 @@ def test_works_in_a_dataloader_worker() -> None:
 def test_bad_input(call, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_fast_and_differentiable_paths_agree() -> None:
+    images = torch.rand(2, 3, 16, 16, dtype=torch.float64)
+    streaks = torch.rand(2, 1, 16, 16, dtype=torch.float64) * 0.3
+    fast = rain(images, streaks, 0.8, 0.9, torch.tensor([0.4, 1.0]))
+    slow = rain(images.clone().requires_grad_(True), streaks, 0.8, 0.9, torch.tensor([0.4, 1.0]))
+    torch.testing.assert_close(fast, slow.detach())
+    # the blur is the vertical 3-tap Gaussian: an image constant along rows is left as it is
+    stripes = torch.arange(16, dtype=torch.float64).remainder(2).expand(1, 1, 16, 16).clone()
+    assert torch.equal(rain(stripes, torch.zeros(1, 1, 16, 16, dtype=torch.float64), 0.8, 1.0, 1.0), stripes)
