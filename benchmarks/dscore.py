@@ -12,11 +12,9 @@ Prints, in one run on one machine:
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable
 
 import torch
+from _timing import timed
 from torch import nn
 
 from dlguard.callbacks import DScoreCallback
@@ -24,23 +22,6 @@ from dlguard.data import MNISTDataModule
 from dlguard.probes import deletion_mutant_logits, evaluation, intervene, region_keep_masks, select_layers
 from dlguard.probes.region_deletion import default_max_batch
 from dlguard.zoo import pretrained
-
-
-def timed(fns: dict[str, Callable[[], object]], device: torch.device, repeats: int) -> dict[str, float]:
-    """Median seconds of each function, run interleaved so that machine drift hits all alike."""
-    for fn in fns.values():
-        fn()  # warm-up
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            fn()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            samples[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def mutants_one_at_a_time(model: nn.Module, images: torch.Tensor, n: int) -> torch.Tensor:

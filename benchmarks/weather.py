@@ -13,29 +13,13 @@ RandomFog; rain at least as fast as kornia's RandomRain.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable
 
 import numpy as np
 import torch
+from _timing import timed
 from kornia.augmentation import RandomRain as KorniaRain
 
 from dlguard.augment import RandomFog, RandomRain
-
-
-def images_per_second(fn: Callable[[], object], count: int, device: torch.device, repeats: int) -> float:
-    fn()  # warm-up
-    samples = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        samples.append(time.perf_counter() - start)
-    return count / statistics.median(samples)
 
 
 def main() -> None:
@@ -53,11 +37,15 @@ def main() -> None:
     batch = torch.rand(args.batch, 3, args.size, args.size, device=device)
     ours_fog, ours_rain = RandomFog(severity=3, p=1.0), RandomRain(severity=3, p=1.0)
     kornia_rain = KorniaRain(p=1.0, number_of_drops=(1000, 2000), drop_height=(5, 20), drop_width=(-5, 5))
-    results = {
-        "dlguard RandomFog": images_per_second(lambda: ours_fog(batch), args.batch, device, args.repeats),
-        "dlguard RandomRain": images_per_second(lambda: ours_rain(batch), args.batch, device, args.repeats),
-        "kornia RandomRain": images_per_second(lambda: kornia_rain(batch), args.batch, device, args.repeats),
-    }
+    seconds = timed(
+        {
+            "dlguard RandomFog": lambda: ours_fog(batch),
+            "dlguard RandomRain": lambda: ours_rain(batch),
+            "kornia RandomRain": lambda: kornia_rain(batch),
+        },
+        device,
+        args.repeats,
+    )
     try:
         import albumentations as A
     except ImportError:
@@ -68,24 +56,22 @@ def main() -> None:
         ]  # its native input: uint8 HWC, one image per call
         album_fog = A.RandomFog(fog_coef_range=(0.5, 0.5), alpha_coef=0.08, p=1.0)
         album_rain = A.RandomRain(p=1.0)
-        results["albumentations RandomFog"] = images_per_second(
-            lambda: [album_fog(image=f)["image"] for f in frames], args.batch, torch.device("cpu"), args.repeats
+        seconds |= timed(
+            {
+                "albumentations RandomFog": lambda: [album_fog(image=f)["image"] for f in frames],
+                "albumentations RandomRain": lambda: [album_rain(image=f)["image"] for f in frames],
+            },
+            torch.device("cpu"),
+            args.repeats,
         )
-        results["albumentations RandomRain"] = images_per_second(
-            lambda: [album_rain(image=f)["image"] for f in frames], args.batch, torch.device("cpu"), args.repeats
-        )
+    results = {label: args.batch / value for label, value in seconds.items()}  # images per second
     for label, rate in results.items():
         print(f"{label:<27}: {rate:10.1f} images/s")
+    fog, rain, kornia = results["dlguard RandomFog"], results["dlguard RandomRain"], results["kornia RandomRain"]
     if "albumentations RandomFog" in results:
-        print(
-            f"fog : dlguard / albumentations = {results['dlguard RandomFog'] / results['albumentations RandomFog']:.1f}x (target >= 50x)"
-        )
-        print(
-            f"rain: dlguard / albumentations = {results['dlguard RandomRain'] / results['albumentations RandomRain']:.1f}x"
-        )
-    print(
-        f"rain: dlguard / kornia         = {results['dlguard RandomRain'] / results['kornia RandomRain']:.2f}x (target >= 1x)"
-    )
+        print(f"fog : dlguard / albumentations = {fog / results['albumentations RandomFog']:.1f}x (target >= 50x)")
+        print(f"rain: dlguard / albumentations = {rain / results['albumentations RandomRain']:.1f}x")
+    print(f"rain: dlguard / kornia         = {rain / kornia:.2f}x (target >= 1x)")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,13 @@ def _check_severity(severity: int | tuple[int, int]) -> tuple[int, int]:
 
 
 class _WeatherBase(IntensityAugmentationBase2D):
-    def __init__(self, severity: int | tuple[int, int], p: float, same_on_batch: bool, keepdim: bool) -> None:
+    def __init__(
+        self,
+        severity: int | tuple[int, int] = (1, 5),
+        p: float = 0.5,
+        same_on_batch: bool = False,
+        keepdim: bool = False,
+    ) -> None:
         super().__init__(p=p, same_on_batch=same_on_batch, keepdim=keepdim)
         self.severity = _check_severity(severity)
 
@@ -63,15 +69,6 @@ class RandomFog(_WeatherBase):
         >>> out.shape, bool(out.min() > 0.3)  # black scene now mostly airlight
         (torch.Size([2, 3, 16, 16]), True)
     """
-
-    def __init__(
-        self,
-        severity: int | tuple[int, int] = (1, 5),
-        p: float = 0.5,
-        same_on_batch: bool = False,
-        keepdim: bool = False,
-    ) -> None:
-        super().__init__(severity, p, same_on_batch, keepdim)
 
     def generate_parameters(self, batch_shape: tuple[int, ...]) -> dict[str, Tensor]:
         batch, height, width = batch_shape[0], batch_shape[-2], batch_shape[-1]
@@ -113,15 +110,6 @@ class RandomRain(_WeatherBase):
         >>> out.shape, bool(out.max() > 0.5)  # bright streaks over a dark scene
         (torch.Size([2, 3, 64, 64]), True)
     """
-
-    def __init__(
-        self,
-        severity: int | tuple[int, int] = (1, 5),
-        p: float = 0.5,
-        same_on_batch: bool = False,
-        keepdim: bool = False,
-    ) -> None:
-        super().__init__(severity, p, same_on_batch, keepdim)
 
     def generate_parameters(self, batch_shape: tuple[int, ...]) -> dict[str, Tensor]:
         batch, height, width = batch_shape[0], batch_shape[-2], batch_shape[-1]

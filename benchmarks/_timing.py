@@ -1,0 +1,26 @@
+"""Timing shared by the benchmark scripts."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def timed(fns: dict[str, Callable[[], object]], device: torch.device, repeats: int) -> dict[str, float]:
+    """Median seconds of each function, run interleaved so that machine drift hits all alike."""
+    for fn in fns.values():
+        fn()  # warm-up
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}
