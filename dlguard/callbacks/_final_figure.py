@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 import lightning as L
@@ -11,15 +12,16 @@ from matplotlib.figure import Figure
 from dlguard.report.logging import find_wandb_logger, log_figure
 
 
-class _FinalFigureCallback(Callback):
+class _FinalFigureCallback(Callback, ABC):
     """Without W&B, write the latest figure once, when ``fit`` or a lone ``validate`` ends.
 
     A PNG per epoch would only overwrite itself, and rendering one costs tens of milliseconds.
     Subclasses return ``(key, figure)`` from :meth:`_final_figure`, or ``None`` before any result.
     """
 
+    @abstractmethod
     def _final_figure(self) -> tuple[str, Figure] | None:
-        raise NotImplementedError  # each callback draws its own result
+        """``(key, figure)`` of the latest result, or ``None`` before any."""
 
     def _write_final_figure(self, trainer: L.Trainer) -> None:
         if find_wandb_logger(trainer) is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
@@ -69,9 +70,9 @@ class _LayerCoverage(Metric):
     def _values(self, name: str, activation: Tensor) -> Tensor:
         return neuron_values(activation)
 
+    @abstractmethod
     def _hits(self, values: list[Tensor]) -> tuple[Tensor, ...]:
         """Hits of every state from each layer's ``(B, N)`` values, in layer order."""
-        raise NotImplementedError  # each criterion defines it
 
     def update(self, activations: Mapping[str, Tensor]) -> None:
         """Add a batch: ``{layer: output}`` with every layer given at construction."""
