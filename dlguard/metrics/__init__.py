@@ -17,10 +17,13 @@ from dlguard.metrics.coverage import (
 )
 from dlguard.metrics.dscore import DScore
 from dlguard.metrics.functional.coverage import NeuronRange
+from dlguard.metrics.robustness import AdderGlobalRobustness, LocalRobustness
 
 __all__ = [
+    "AdderGlobalRobustness",
     "DScore",
     "KMultisectionCoverage",
+    "LocalRobustness",
     "NeuronBoundaryCoverage",
     "NeuronCoverage",
     "NeuronRange",

@@ -1,6 +1,12 @@
 """Reporting: matplotlib figures and W&B helpers (PNG files when W&B is absent)."""
 
-from dlguard.report.figures import plot_coverage_by_layer, plot_dscore_heatmaps, plot_image_grid, plot_training_curves
+from dlguard.report.figures import (
+    plot_coverage_by_layer,
+    plot_dscore_heatmaps,
+    plot_image_grid,
+    plot_robustness_curves,
+    plot_training_curves,
+)
 from dlguard.report.logging import find_wandb_logger, log_figure, log_wandb_bars
 
 __all__ = [
@@ -10,5 +16,6 @@ __all__ = [
     "plot_coverage_by_layer",
     "plot_dscore_heatmaps",
     "plot_image_grid",
+    "plot_robustness_curves",
     "plot_training_curves",
 ]

@@ -17,7 +17,13 @@ from torch import Tensor
 if TYPE_CHECKING:
     from dlguard.metrics.functional.dscore import DScoreResult
 
-__all__ = ["plot_coverage_by_layer", "plot_dscore_heatmaps", "plot_image_grid", "plot_training_curves"]
+__all__ = [
+    "plot_coverage_by_layer",
+    "plot_dscore_heatmaps",
+    "plot_image_grid",
+    "plot_robustness_curves",
+    "plot_training_curves",
+]
 
 
 def plot_training_curves(history: Sequence[Mapping[str, float]]) -> Figure:
@@ -144,4 +150,33 @@ def plot_coverage_by_layer(per_layer: Mapping[str, Mapping[str, float]]) -> Figu
     ax.set_ylim(0, 1)
     ax.set_ylabel("coverage")
     ax.legend(ncols=min(len(criteria), 5), fontsize=8, loc="upper left")
+    return figure
+
+
+def plot_robustness_curves(
+    curves: Mapping[str, Tensor | Sequence[float]], levels: Mapping[str, Sequence[float]] | None = None
+) -> Figure:
+    """Robustness curves: accuracy against severity, one line per property.
+
+    Args:
+        curves: ``{property: accuracy per level}``.
+        levels: ``{property: severity values}`` for the x axis; default: level numbers 1, 2, ...
+
+    Example:
+        >>> fig = plot_robustness_curves({"noise": [0.99, 0.9, 0.6], "rotation": [0.98, 0.8, 0.5]})
+        >>> [line.get_label() for line in fig.axes[0].get_lines()]
+        ['noise', 'rotation']
+    """
+    figure, ax = plt.subplots(figsize=(5.5, 3.4), layout="constrained")
+    for name, values in curves.items():
+        ys = [float(v) for v in values]
+        xs = list(levels[name]) if levels and name in levels else list(range(1, len(ys) + 1))
+        ax.plot(range(1, len(ys) + 1), ys, marker="o", label=name)
+        if levels and name in levels:
+            for x, y, value in zip(range(1, len(ys) + 1), ys, xs, strict=False):
+                ax.annotate(f"{value:g}", (x, y), fontsize=6, textcoords="offset points", xytext=(0, 4))
+    ax.set_xlabel("severity level")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=8)
     return figure

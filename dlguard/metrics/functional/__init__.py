@@ -12,14 +12,24 @@ from dlguard.metrics.functional.coverage import (
     top_k_neuron_coverage,
 )
 from dlguard.metrics.functional.dscore import DScoreResult, d_score, g_bound
+from dlguard.metrics.functional.robustness import (
+    LocalRobustnessResult,
+    adder_global_robustness,
+    digit_sum,
+    local_robustness,
+)
 
 __all__ = [
     "DScoreResult",
+    "LocalRobustnessResult",
     "NeuronRange",
     "activation_jaccard_distance",
+    "adder_global_robustness",
     "d_score",
+    "digit_sum",
     "g_bound",
     "k_multisection_coverage",
+    "local_robustness",
     "neuron_boundary_coverage",
     "neuron_coverage",
     "neuron_values",

@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlguard.augment import Property
+from dlguard.augment.functional import brightness_scale
+from dlguard.metrics import AdderGlobalRobustness, LocalRobustness
+from dlguard.metrics.functional import adder_global_robustness, local_robustness
+from tests.quick import run_on_two_processes
+
+GAIN = 10.0
+
+
+def threshold_model(images: torch.Tensor) -> torch.Tensor:
+    """Class 1 when the mean pixel exceeds 0.4: logits ±GAIN·(mean − 0.4)."""
+    margin = GAIN * (images.flatten(1).mean(1) - 0.4)
+    return torch.stack([-margin, margin], dim=1)
+
+
+def brightness_sweep() -> tuple[torch.Tensor, torch.Tensor, Property]:
+    images = torch.cat([torch.full((3, 1, 4, 4), 0.2), torch.full((2, 1, 4, 4), 0.6)])
+    target = torch.tensor([0, 0, 0, 1, 1])
+    prop = Property("brightness", brightness_scale, (1.0, 1.5, 2.5))
+    logits = torch.stack([threshold_model(prop(images, level)) for level in prop.levels])
+    return logits, target, prop
+
+
+def test_local_robustness_by_hand() -> None:
+    # class 0 means 0.2, 0.3, 0.5 -> predicted 0, 0, 1; class 1 means 0.6, 0.9, 1.0 -> 1, 1, 1
+    logits, target, _ = brightness_sweep()
+    result = local_robustness(logits, target, num_classes=2)
+    assert result.per_class.tolist() == [[1.0, 1.0], [1.0, 1.0], [0.0, 1.0]]
+    assert result.per_level.tolist() == [1.0, 1.0, 0.5]
+    sigmoid = lambda z: 1 / (1 + torch.exp(torch.tensor(-2 * GAIN * z)))  # noqa: E731  p(true) of a ±margin pair
+    expected_class0 = [float(sigmoid(0.4 - m)) for m in (0.2, 0.3, 0.5)]
+    torch.testing.assert_close(result.confidence[:, 0], torch.tensor(expected_class0), rtol=1e-5, atol=1e-6)
+
+
+def test_metric_accumulates_per_property_and_matches_functional() -> None:
+    logits, target, prop = brightness_sweep()
+    metric = LocalRobustness(num_classes=2, properties=[prop, "noise"], levels=3)
+    metric.update(logits[:, :2], target[:2], "brightness")
+    metric.update(logits[:, 2:], target[2:], "brightness")
+    results = metric.compute()
+    assert list(results) == ["brightness"]  # "noise" never received inputs
+    expected = local_robustness(logits, target, 2)
+    for got, want in zip(results["brightness"], expected, strict=True):
+        torch.testing.assert_close(got.float(), want.float())
+    figure, _ = metric.plot()
+    assert [line.get_label() for line in figure.axes[0].get_lines()] == ["brightness"]
+
+
+def test_adder_pairs_and_sums() -> None:
+    first, second = torch.tensor([3, 2, 5, 1]), torch.tensor([4, 5, 6, 1])
+    true_first, true_second = torch.tensor([3, 3, 5, 1]), torch.tensor([4, 4, 5, 1])
+    overall, per_pair = adder_global_robustness((first, second), (true_first, true_second), 10)
+    assert float(overall) == pytest.approx(3 / 4)  # 7=7, 7=7 (both wrong, sum right), 11!=10, 2=2
+    assert float(per_pair[3, 4]) == 1.0 and float(per_pair[5, 5]) == 0.0 and float(per_pair[1, 1]) == 1.0
+    assert torch.isnan(per_pair[0, 0])
+    product, _ = adder_global_robustness((first, second), (true_first, true_second), 10, combine=torch.mul)
+    assert float(product) == pytest.approx(2 / 4)  # 12=12, 10!=12, 30!=25, 1=1
+
+
+def _shard(rank: int, world: int) -> tuple:
+    logits, target, prop = brightness_sweep()
+    local = LocalRobustness(num_classes=2, properties=[prop], levels=3)
+    local.update(logits[:, rank::world], target[rank::world], "brightness")
+    adder = AdderGlobalRobustness(num_classes=10, properties=["brightness"], levels=2)
+    preds, truth = torch.arange(8) % 10, (torch.arange(8) * 3) % 10
+    adder.update((preds[rank::world], truth[rank::world]), (truth[rank::world], truth[rank::world]), "brightness", 1)
+    return local.compute()["brightness"], adder.compute()["brightness"]
+
+
+@pytest.mark.ddp
+def test_two_processes_equal_one(tmp_path: Path) -> None:
+    local, adder = run_on_two_processes(_shard, tmp_path)
+    logits, target, _ = brightness_sweep()
+    torch.testing.assert_close(local.per_class.float(), local_robustness(logits, target, 2).per_class)
+    preds, truth = torch.arange(8) % 10, (torch.arange(8) * 3) % 10
+    overall, _ = adder_global_robustness((preds, truth), (truth, truth), 10)
+    assert float(adder[0]) == pytest.approx(float(overall))
+
+
+def test_bad_input() -> None:
+    metric = LocalRobustness(num_classes=2, properties=["noise", "rotation"], levels=3)
+    logits, target, _ = brightness_sweep()
+    with pytest.raises(ValueError, match=r"property: unknown 'fog'; known properties: \['noise', 'rotation'\]"):
+        metric.update(logits, target, "fog")
+    with pytest.raises(ValueError, match="logits: expected 3 levels"):
+        metric.update(logits[:2], target, "noise")
+    with pytest.raises(ValueError, match=r"target: expected labels in 0\.\.1"):
+        metric.update(logits, target + 1, "noise")
+    with pytest.raises(ValueError, match="no inputs were added"):
+        metric.compute()
+    with pytest.raises(ValueError, match="levels: expected severities in increasing order"):
+        Property("rotation", brightness_scale, (10.0, 5.0))
+    adder = AdderGlobalRobustness(num_classes=10, properties=["noise"], levels=2)
+    with pytest.raises(ValueError, match=r"level: expected an index in 0\.\.1"):
+        adder.update((torch.tensor([1]), torch.tensor([2])), (torch.tensor([1]), torch.tensor([2])), "noise", 2)
