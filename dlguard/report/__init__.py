@@ -1,5 +1,6 @@
-"""Reporting: matplotlib figures and W&B helpers (PNG files when W&B is absent)."""
+"""Reporting: error summaries, matplotlib figures and W&B helpers (PNG files when W&B is absent)."""
 
+from dlguard.report.errors import ErrorSummary, summarize_errors
 from dlguard.report.figures import (
     plot_coverage_by_layer,
     plot_dscore_heatmaps,
@@ -10,6 +11,7 @@ from dlguard.report.figures import (
 from dlguard.report.logging import find_wandb_logger, log_figure, log_wandb_bars
 
 __all__ = [
+    "ErrorSummary",
     "find_wandb_logger",
     "log_figure",
     "log_wandb_bars",
@@ -18,4 +20,5 @@ __all__ = [
     "plot_image_grid",
     "plot_robustness_curves",
     "plot_training_curves",
+    "summarize_errors",
 ]

@@ -1,0 +1,187 @@
+"""Error summarization of the comprehensive framework (SPEC §5).
+
+From the adder's failed pairs to the classes and properties that cause them, and a proposal for
+error-guided augmentation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dlguard.metrics.functional.robustness import digit_sum
+
+__all__ = ["ErrorSummary", "summarize_errors"]
+
+
+@dataclass
+class ErrorSummary:
+    """What failed, where, and what to train on more. Plain Python values: ``json.dumps``-ready.
+
+    Attributes:
+        properties: property names, in the order of ``failure_rate``'s columns.
+        num_classes: number of classes.
+        pairs: pairs evaluated; ``failed_pairs``: pairs whose combined prediction was wrong.
+        failure_rate: ``[class][property]``: share of that class's inputs mispredicted under the property.
+        confusions: ``[{"true", "predicted", "property", "count"}]`` among the failed pairs, most first.
+        ranked_cells: ``[{"class", "property", "share"}]``: share of failed pairs in which an input of
+            that class was mispredicted under that property, largest first.
+        failures: per failed pair ``{"property", "level", "targets", "predictions", "mispredicted"}``.
+        proposal: ``[class][property]`` augmentation probability, proportional to the failure
+            rate (the weakest cell gets 1), for :class:`~dlguard.augment.ErrorGuidedAugmentation`.
+    """
+
+    properties: list[str]
+    num_classes: int
+    pairs: int
+    failed_pairs: int
+    failure_rate: list[list[float]]
+    confusions: list[dict[str, Any]]
+    ranked_cells: list[dict[str, Any]]
+    failures: list[dict[str, Any]] = field(repr=False)
+    proposal: list[list[float]]
+
+    def to_json(self, **kwargs: Any) -> str:
+        """The summary as JSON."""
+        return json.dumps(asdict(self), **kwargs)
+
+    def to_markdown(self, top: int = 10) -> str:
+        """A readable report: totals, the weakest cells, the top confusions, the failure-rate table."""
+        lines = [
+            "# Error summary",
+            "",
+            f"{self.failed_pairs} of {self.pairs} pairs failed ({100 * self.failed_pairs / max(self.pairs, 1):.1f} %).",
+            "",
+            "## Weakest (class, property) cells",
+            "",
+            "| class | property | share of failed pairs |",
+            "| --- | --- | --- |",
+            *(f"| {c['class']} | {c['property']} | {100 * c['share']:.1f} % |" for c in self.ranked_cells[:top]),
+            "",
+            "## Top confusions",
+            "",
+            "| true → predicted | property | count |",
+            "| --- | --- | --- |",
+            *(f"| {c['true']} → {c['predicted']} | {c['property']} | {c['count']} |" for c in self.confusions[:top]),
+            "",
+            "## Failure rate per class and property",
+            "",
+            "| class | " + " | ".join(self.properties) + " |",
+            "| --- | " + " | ".join("---" for _ in self.properties) + " |",
+            *(
+                f"| {cls} | " + " | ".join(f"{100 * rate:.1f} %" for rate in rates) + " |"
+                for cls, rates in enumerate(self.failure_rate)
+            ),
+        ]
+        return "\n".join(lines) + "\n"
+
+
+def summarize_errors(
+    properties: Sequence[str],
+    property_index: Tensor,
+    level: Tensor,
+    targets: Tensor,
+    predictions: Tensor,
+    num_classes: int,
+    combine: Callable[[Tensor, Tensor], Tensor] = digit_sum,
+) -> ErrorSummary:
+    """Summarize the failures of the adder's pairs (SPEC §5, error summarization).
+
+    Args:
+        properties: property names; ``property_index`` refers to them.
+        property_index: ``(M,)`` the property each pair was perturbed with.
+        level: ``(M,)`` the severity level index of each pair.
+        targets: ``(M, 2)`` true labels of both inputs of each pair.
+        predictions: ``(M, 2)`` predicted labels.
+        num_classes: ``C``.
+        combine: the adder's combination (default: sum of digits).
+
+    Returns:
+        An :class:`ErrorSummary`.
+
+    Example:
+        >>> import torch
+        >>> targets = torch.tensor([[5, 1], [5, 2], [3, 4]])
+        >>> predictions = torch.tensor([[6, 1], [5, 2], [3, 4]])  # the 5 of the first pair read as 6
+        >>> summary = summarize_errors(["noise"], torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long),
+        ...                            targets, predictions, num_classes=10)
+        >>> summary.failed_pairs, summary.ranked_cells[0], summary.confusions[0]["predicted"]
+        (1, {'class': 5, 'property': 'noise', 'share': 1.0}, 6)
+    """
+    names = list(properties)
+    count = targets.shape[0] if targets.ndim == 2 else -1
+    for name, tensor, shape in (
+        ("targets", targets, (count, 2)),
+        ("predictions", predictions, (count, 2)),
+        ("property_index", property_index, (count,)),
+        ("level", level, (count,)),
+    ):
+        if tuple(tensor.shape) != shape or count < 0:
+            raise ValueError(f"{name}: expected shape {shape if count >= 0 else '(M, 2)'}, got {tuple(tensor.shape)}")
+    if count and (property_index.min() < 0 or property_index.max() >= len(names)):
+        raise ValueError(f"property_index: expected indices into {names}")
+    targets, predictions = targets.long().cpu(), predictions.long().cpu()
+    property_index, level = property_index.long().cpu(), level.long().cpu()
+
+    failed = combine(predictions[:, 0], predictions[:, 1]) != combine(targets[:, 0], targets[:, 1])
+    wrong = predictions != targets  # (M, 2): which input of each pair was mispredicted
+    # per input: class x property mispredictions over all pairs
+    cell = targets * len(names) + property_index.unsqueeze(1)
+    cells = num_classes * len(names)
+    seen = torch.bincount(cell.flatten(), minlength=cells).view(num_classes, len(names))
+    missed = torch.bincount(cell.flatten(), weights=wrong.flatten().double(), minlength=cells).view(num_classes, -1)
+    failure_rate = torch.where(seen > 0, missed / seen.clamp(min=1), 0.0)
+
+    # failed pairs: which cells took part with a mispredicted input (a pair counts once per cell)
+    blamed = torch.zeros(num_classes, len(names), dtype=torch.float64)
+    for index in torch.nonzero(failed).flatten().tolist():
+        for cls in {int(targets[index, k]) for k in range(2) if wrong[index, k]}:
+            blamed[cls, property_index[index]] += 1
+    failed_pairs = int(failed.sum())
+    share = blamed / max(failed_pairs, 1)
+    order = torch.argsort(share.flatten(), descending=True, stable=True)
+    ranked = [
+        {"class": int(i) // len(names), "property": names[int(i) % len(names)], "share": float(share.flatten()[i])}
+        for i in order
+        if share.flatten()[i] > 0
+    ]
+
+    confusion_counts: dict[tuple[int, int, str], int] = {}
+    records = []
+    for index in torch.nonzero(failed).flatten().tolist():
+        prop = names[int(property_index[index])]
+        for k in range(2):
+            if wrong[index, k]:
+                key = (int(targets[index, k]), int(predictions[index, k]), prop)
+                confusion_counts[key] = confusion_counts.get(key, 0) + 1
+        records.append(
+            {
+                "property": prop,
+                "level": int(level[index]),
+                "targets": targets[index].tolist(),
+                "predictions": predictions[index].tolist(),
+                "mispredicted": wrong[index].tolist(),
+            }
+        )
+    confusions = [
+        {"true": t, "predicted": p, "property": prop, "count": n}
+        for (t, p, prop), n in sorted(confusion_counts.items(), key=lambda item: (-item[1], item[0]))
+    ]
+    top_rate = float(failure_rate.max()) if failure_rate.numel() else 0.0
+    proposal = (failure_rate / top_rate).clamp(0, 1) if top_rate > 0 else torch.zeros_like(failure_rate)
+    return ErrorSummary(
+        properties=names,
+        num_classes=num_classes,
+        pairs=count,
+        failed_pairs=failed_pairs,
+        failure_rate=failure_rate.tolist(),
+        confusions=confusions,
+        ranked_cells=ranked,
+        failures=records,
+        proposal=proposal.tolist(),
+    )
