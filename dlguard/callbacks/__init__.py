@@ -2,5 +2,6 @@
 
 from dlguard.callbacks.coverage import NeuronCoverageCallback
 from dlguard.callbacks.dscore import DScoreCallback
+from dlguard.callbacks.robustness import RobustnessCallback
 
-__all__ = ["DScoreCallback", "NeuronCoverageCallback"]
+__all__ = ["DScoreCallback", "NeuronCoverageCallback", "RobustnessCallback"]

@@ -113,7 +113,9 @@ def balanced_correct_subset(
     device = model_device(model)
     correct_parts, label_parts = [], []
     with evaluation(model), torch.no_grad():
-        for inputs, labels in DataLoader(dataset, batch_size=batch_size, shuffle=False):
+        # its own generator: iterating a loader would otherwise draw a seed from the global RNG
+        loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, generator=torch.Generator())
+        for inputs, labels in loader:
             labels = torch.as_tensor(labels, device=device).reshape(-1).long()
             logits = model(inputs.to(device))
             if output_transform is not None:

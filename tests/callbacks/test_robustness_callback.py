@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from dlguard.augment import ErrorGuidedAugmentation, Property, default_properties
+from dlguard.augment.functional import brightness_scale
+from dlguard.callbacks import RobustnessCallback
+from dlguard.data import MNISTDataModule
+from dlguard.zoo import ClassifierModule, pretrained
+from tests.quick import quick_trainer
+
+
+def short_fit(tmp_path: Path, callbacks: list[L.Callback], epochs: int = 2) -> L.Trainer:
+    trainer = quick_trainer(tmp_path, callbacks, epochs=epochs, train_batches=4, val_batches=2)
+    trainer.fit(ClassifierModule(pretrained("mnist_a").train()), datamodule=MNISTDataModule(batch_size=64))
+    return trainer
+
+
+def test_fit_logs_curves_and_writes_the_error_summary(tmp_path: Path) -> None:
+    guide = ErrorGuidedAugmentation()
+    callback = RobustnessCallback(per_class=15, pairs=150, guide=guide)
+    trainer = short_fit(tmp_path, [callback])
+    assert [record["epoch"] for record in callback.history] == [0, 1]
+    logged = trainer.callback_metrics
+    for prop in default_properties():
+        curve = callback.history[-1]["local"][prop.name]["lr_p"]
+        assert float(logged[f"robustness/{prop.name}"]) == pytest.approx(sum(curve) / len(curve), abs=1e-6)
+        assert float(logged[f"robustness/{prop.name}@{prop.levels[0]:g}"]) == pytest.approx(curve[0], abs=1e-6)
+        assert 0 <= float(logged[f"global_robustness/{prop.name}"]) <= 1
+    summary = json.loads((tmp_path / "robustness" / "error_summary.json").read_text())
+    assert summary == callback.summary and summary["pairs"] == 150 * 5 * 3  # pairs x levels x properties
+    assert "# Error summary" in (tmp_path / "robustness" / "error_summary.md").read_text()
+    assert (tmp_path / "robustness" / "robustness_curves.png").is_file()
+    assert torch.allclose(guide.proposal, torch.tensor(summary["proposal"]))
+
+
+def test_probe_set_is_balanced_correct_and_fixed(tmp_path: Path) -> None:
+    callback = RobustnessCallback(properties=[Property("bright", brightness_scale, (1.5,))], per_class=10, pairs=20)
+    trainer = short_fit(tmp_path, [callback], epochs=1)  # drawn at the end of the only epoch
+    images, labels = callback._probe
+    assert torch.bincount(labels, minlength=10).tolist() == [10] * 10
+    with torch.no_grad():  # only inputs the model (as trained then) predicts correctly
+        assert torch.equal(trainer.lightning_module.eval()(images).argmax(1), labels)
+
+
+def test_too_few_inputs_warn_with_counts_and_the_run_goes_on(tmp_path: Path) -> None:
+    callback = RobustnessCallback(properties=[Property("bright", brightness_scale, (1.5,))], per_class=150, pairs=20)
+    with pytest.warns(UserWarning, match="fewer than per_class=150"):
+        short_fit(tmp_path, [callback], epochs=1)
+    assert len(callback.history) == 1
+
+
+def test_sweeping_leaves_training_untouched(tmp_path: Path) -> None:
+    """Same batches and the same global RNG at every training step, with and without the sweep."""
+
+    class Recorder(L.Callback):
+        def __init__(self) -> None:
+            self.seen: list[torch.Tensor] = []
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            self.seen.append(torch.cat([batch[1].float(), torch.random.get_rng_state()[:64].float()]))
+
+    runs = []
+    for extra in ([], [RobustnessCallback(per_class=5, pairs=20)]):
+        recorder = Recorder()
+        short_fit(tmp_path, [recorder, *extra])
+        runs.append(torch.stack(recorder.seen))
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_guide_replaces_training_images_in_place() -> None:
+    guide = ErrorGuidedAugmentation([Property("bright", brightness_scale, (2.0,))])
+    callback = RobustnessCallback(properties=guide.properties, guide=guide)
+    images = torch.full((4, 1, 2, 2), 0.25)
+    batch = [images, torch.tensor([0, 1, 0, 1])]
+    callback.on_train_batch_start(None, None, batch, 0)
+    assert torch.equal(images, torch.full((4, 1, 2, 2), 0.25))  # no summary yet
+    callback.load_state_dict({"summary": {"proposal": [[0.0], [1.0]]}, "history": []})
+    callback.on_train_batch_start(None, None, batch, 0)
+    assert batch[0] is images and images[:, 0, 0, 0].tolist() == [0.25, 0.5, 0.25, 0.5]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"per_class": 0}, "per_class: expected a positive integer"),
+        ({"pairs": -1}, "pairs"),
+        ({"properties": []}, "properties: expected distinct property names"),
+        ({"guide": ErrorGuidedAugmentation([Property("x", brightness_scale, (2.0,))])}, "guide: its properties"),
+    ],
+)
+def test_bad_arguments(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RobustnessCallback(**kwargs)
