@@ -21,7 +21,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger
 from torchmetrics.classification import MulticlassConfusionMatrix
 
 from dlguard.augment import ScoreGuidedPadding
-from dlguard.callbacks import DScoreCallback, NeuronCoverageCallback
+from dlguard.callbacks import DScoreCallback, NeuronCoverageCallback, RobustnessCallback
 from dlguard.data import MNISTDataModule, model_device
 from dlguard.metrics.functional import d_score
 from dlguard.probes import evaluation
@@ -30,6 +30,7 @@ from dlguard.report import (
     plot_coverage_by_layer,
     plot_dscore_heatmaps,
     plot_image_grid,
+    plot_robustness_curves,
     plot_training_curves,
 )
 from dlguard.zoo import ClassifierModule, mnist_a
@@ -71,6 +72,7 @@ def demo_callbacks(config: DemoConfig) -> list[Callback]:
         ModelCheckpoint(dirpath=config.out / "checkpoints", monitor="val_acc", mode="max"),
         DScoreCallback(n=3, t=5, probe_size=500, guide=ScoreGuidedPadding(), seed=config.seed),
         NeuronCoverageCallback(criteria=("nc", "kmnc", "nbc", "snac", "tknc")),
+        RobustnessCallback(per_class=50, pairs=300, seed=config.seed),
     ]
 
 
@@ -92,7 +94,25 @@ def _callback_outputs(callbacks: list[Callback]) -> tuple[dict[str, Any], dict[s
             summary["coverage"] = {c: round(latest[c], 4) for c in callback.criteria}
             files["coverage.json"] = callback.history
             figures["coverage_by_layer"] = plot_coverage_by_layer(latest["per_layer"])
+        if isinstance(callback, RobustnessCallback) and callback.history:
+            latest = callback.history[-1]
+            summary["robustness"] = {
+                name: round(sum(e["lr_p"]) / len(e["lr_p"]), 4) for name, e in latest["local"].items()
+            }
+            summary["global_robustness"] = {name: round(sum(v) / len(v), 4) for name, v in latest["global"].items()}
+            files["robustness.json"] = callback.history
+            files["error_summary.json"] = callback.summary
+            curves = {name: e["lr_p"] for name, e in latest["local"].items()}
+            figures["robustness_curves"] = plot_robustness_curves(
+                curves, {n: e["levels"] for n, e in latest["local"].items()}
+            )
     return summary, files, figures
+
+
+def _markdown(summary: dict[str, Any]) -> str:
+    from dlguard.report import ErrorSummary
+
+    return ErrorSummary(**summary).to_markdown()
 
 
 def _loggers(config: DemoConfig) -> list[Logger]:
@@ -172,6 +192,8 @@ def run_demo(config: DemoConfig | None = None) -> dict[str, Any]:
         callback_summary, callback_files, callback_figures = _callback_outputs(callbacks)
         for name, content in callback_files.items():
             (config.out / name).write_text(json.dumps(content, indent=2))
+        if "error_summary.json" in callback_files:
+            (config.out / "error_summary.md").write_text(_markdown(callback_files["error_summary.json"]))
         figures = {
             "training_curves": plot_training_curves(history),
             "confusion_matrix": confusion.plot()[0],

@@ -50,7 +50,13 @@ def test_dlguard_demo_fast_end_to_end(tmp_path: Path) -> None:
     assert set(summary["coverage"]) == {"nc", "kmnc", "nbc", "snac", "tknc"}
     assert all(0.0 <= value <= 1.0 for value in summary["coverage"].values())
     assert summary["coverage"]["nc"] == pytest.approx(coverage[-1]["nc"], abs=1e-4)
+    robustness = json.loads((out / "robustness.json").read_text())
+    assert [record["epoch"] for record in robustness] == [0, 1, 2]
+    assert set(summary["robustness"]) == {"noise", "rotation", "brightness"}
+    error_summary = json.loads((out / "error_summary.json").read_text())
+    assert error_summary["pairs"] == 300 * 5 * 3 and "# Error summary" in (out / "error_summary.md").read_text()
     figures = ("training_curves", "confusion_matrix", "misclassified", "dscore_heatmaps", "coverage_by_layer")
+    figures += ("robustness_curves",)
     for name in (f"{figure}.png" for figure in figures):
         assert name in summary["figures"] and (out / name).read_bytes()[:8] == PNG
     assert (out / "metrics.csv").is_file() and list((out / "checkpoints").glob("*.ckpt"))
