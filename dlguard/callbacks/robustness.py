@@ -16,6 +16,7 @@ from dlguard.augment.error_guided import ErrorGuidedAugmentation
 from dlguard.augment.properties import Property, default_properties
 from dlguard.callbacks._final_figure import _FinalFigureCallback
 from dlguard.data.sampling import balanced_correct_subset
+from dlguard.generate.sweep import robustness_sweep
 from dlguard.metrics.functional.robustness import digit_sum
 from dlguard.metrics.robustness import AdderGlobalRobustness, LocalRobustness
 from dlguard.probes import evaluation
@@ -108,9 +109,6 @@ class RobustnessCallback(_FinalFigureCallback):
         labels = torch.tensor([int(dataset[i][1]) for i in shard], device=pl_module.device)
         self._probe = (images, labels)
 
-    def _predict(self, model: L.LightningModule, images: Tensor) -> Tensor:
-        return torch.cat([model(part) for part in images.split(self.max_batch)])
-
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:
             return
@@ -123,30 +121,17 @@ class RobustnessCallback(_FinalFigureCallback):
         # the global RNG is seeded for the sweep (noise sees the same draws each epoch) and
         # restored afterwards, so training's randomness is untouched
         with torch.random.fork_rng(devices=devices), evaluation(pl_module), torch.no_grad():
-            classes = self.num_classes or self._predict(pl_module, images[:1]).shape[-1]
+            classes = self.num_classes or pl_module(images[:1]).shape[-1]
             local = LocalRobustness(classes, [p.name for p in self.properties], levels).to(images.device)
             adder = AdderGlobalRobustness(classes, [p.name for p in self.properties], levels, self.combine)
             adder = adder.to(images.device)
-            records: dict[str, list[Tensor]] = {"property_index": [], "level": [], "targets": [], "predictions": []}
             share = max(1, self.pairs // trainer.world_size)
-            for index, prop in enumerate(self.properties):
-                torch.manual_seed(self.seed + index)  # random properties (noise) see the same draws each epoch
-                logits = torch.stack([self._predict(pl_module, prop(images, level)) for level in prop.levels])
-                if len(prop.levels) < levels:  # pad to the widest property; padded levels are not reported
-                    logits = torch.cat([logits, logits[-1:].expand(levels - len(prop.levels), -1, -1)])
-                local.update(logits, labels, prop.name)
-                first = torch.randint(len(labels), (share,), generator=generator).to(images.device)
-                second = torch.randint(len(labels), (share,), generator=generator).to(images.device)
-                for level in range(len(prop.levels)):
-                    predicted = logits[level].argmax(dim=1)
-                    pair_preds = (predicted[first], predicted[second])
-                    adder.update(pair_preds, (labels[first], labels[second]), prop.name, level)
-                    records["property_index"].append(torch.full((share,), index, device=images.device))
-                    records["level"].append(torch.full((share,), level, device=images.device))
-                    records["targets"].append(torch.stack([labels[first], labels[second]], 1))
-                    records["predictions"].append(torch.stack(pair_preds, 1))
+            torch.manual_seed(self.seed)  # random properties (noise) see the same draws each epoch
+            records = robustness_sweep(
+                pl_module, images, labels, self.properties, local, adder, share, generator, self.max_batch
+            )
             local_results, global_results = local.compute(), adder.compute()
-        gathered = {k: self._gather(pl_module, torch.cat(v)) for k, v in records.items()}
+        gathered = {k: self._gather(pl_module, v) for k, v in records.items()}
         summary = summarize_errors(
             [p.name for p in self.properties], num_classes=classes, combine=self.combine, **gathered
         )

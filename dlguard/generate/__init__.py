@@ -1,3 +1,5 @@
-"""Test generators that run a model (genetic algorithm, greedy coverage search, attacks)."""
+"""Test generators that run a model: the robustness sweep (later: GA, greedy coverage search, attacks)."""
 
-__all__: list[str] = []
+from dlguard.generate.sweep import robustness_sweep
+
+__all__ = ["robustness_sweep"]
