@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
@@ -154,29 +154,37 @@ def plot_coverage_by_layer(per_layer: Mapping[str, Mapping[str, float]]) -> Figu
 
 
 def plot_robustness_curves(
-    curves: Mapping[str, Tensor | Sequence[float]], levels: Mapping[str, Sequence[float]] | None = None
+    curves: Mapping[str, Tensor | Sequence[float]],
+    levels: Mapping[str, Sequence[float]] | None = None,
+    ax: Any = None,
+    title: str | None = None,
 ) -> Figure:
     """Robustness curves: accuracy against severity, one line per property.
 
     Args:
         curves: ``{property: accuracy per level}``.
-        levels: ``{property: severity values}`` for the x axis; default: level numbers 1, 2, ...
+        levels: ``{property: severity values}``; their range goes into the legend.
+        ax: draw into these axes instead of a new figure.
+        title: axes title.
 
     Example:
         >>> fig = plot_robustness_curves({"noise": [0.99, 0.9, 0.6], "rotation": [0.98, 0.8, 0.5]})
         >>> [line.get_label() for line in fig.axes[0].get_lines()]
         ['noise', 'rotation']
     """
-    figure, ax = plt.subplots(figsize=(5.5, 3.4), layout="constrained")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5.5, 3.4), layout="constrained")
     for name, values in curves.items():
         ys = [float(v) for v in values]
-        xs = list(levels[name]) if levels and name in levels else list(range(1, len(ys) + 1))
-        ax.plot(range(1, len(ys) + 1), ys, marker="o", label=name)
-        if levels and name in levels:
-            for x, y, value in zip(range(1, len(ys) + 1), ys, xs, strict=False):
-                ax.annotate(f"{value:g}", (x, y), fontsize=6, textcoords="offset points", xytext=(0, 4))
+        label = name
+        if levels and name in levels:  # the severity range in the legend: "rotation (5-45)"
+            label = f"{name} ({levels[name][0]:g}–{levels[name][-1]:g})"
+        ax.plot(range(1, len(ys) + 1), ys, marker="o", label=label)
     ax.set_xlabel("severity level")
     ax.set_ylabel("accuracy")
     ax.set_ylim(0, 1.02)
+    ax.set_xticks(range(1, 1 + max((len(list(v)) for v in curves.values()), default=1)))
     ax.legend(fontsize=8)
-    return figure
+    if title:
+        ax.set_title(title)
+    return ax.figure
