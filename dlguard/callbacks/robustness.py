@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import matplotlib.pyplot as plt
 import torch
 from matplotlib.figure import Figure
 from torch import Tensor
@@ -47,7 +48,8 @@ class RobustnessCallback(_FinalFigureCallback):
         ``robustness/<property>`` (mean ``LR_p`` over severities), ``robustness/<property>@<level>``,
         ``global_robustness/<property>`` (adder, mean over severities). With a ``WandbLogger``,
         robustness curves as ``wandb.plot.line_series`` each epoch; without, a PNG when the run
-        ends. ``error_summary.json`` and ``error_summary.md`` go to ``<log_dir>/robustness/``.
+        ends. ``error_summary.json``, ``error_summary.md``, ``failure_rates.png`` and
+        ``top_confusions.png`` go to ``<log_dir>/robustness/``.
 
     Args:
         properties: the properties to sweep, each with increasing levels.
@@ -160,11 +162,17 @@ class RobustnessCallback(_FinalFigureCallback):
         pl_module.log_dict(logged, sync_dist=False)  # already reduced over ranks
         if self.guide is not None:
             self.guide.set_proposal(summary.proposal)
+        directory = Path(trainer.log_dir or trainer.default_root_dir) / "robustness"  # a collective: all ranks
         if trainer.is_global_zero:
-            directory = Path(trainer.log_dir or trainer.default_root_dir) / "robustness"
             directory.mkdir(parents=True, exist_ok=True)
             (directory / "error_summary.json").write_text(summary.to_json(indent=2))
             (directory / "error_summary.md").write_text(summary.to_markdown())
+            for name, figure in (
+                ("failure_rates", summary.plot_failure_rates()),
+                ("top_confusions", summary.plot_top_confusions()),
+            ):
+                figure.savefig(directory / f"{name}.png", dpi=110)
+                plt.close(figure)
             wandb_logger = find_wandb_logger(trainer)
             if wandb_logger is not None:
                 import wandb

@@ -50,6 +50,35 @@ class ErrorSummary:
         """The summary as JSON."""
         return json.dumps(asdict(self), **kwargs)
 
+    def plot_failure_rates(self) -> Any:
+        """Heatmap of the failure rate per class (rows) and property (columns); returns the figure."""
+        import matplotlib.pyplot as plt
+        import numpy as np
+
+        rates = np.asarray(self.failure_rate)
+        figure, ax = plt.subplots(figsize=(1.2 * len(self.properties) + 2.5, 4.2), layout="constrained")
+        image = ax.imshow(rates, cmap="magma_r", vmin=0, vmax=max(float(rates.max()), 1e-9), aspect="auto")
+        for (row, col), value in np.ndenumerate(rates):
+            ax.text(col, row, f"{100 * value:.0f}", ha="center", va="center", fontsize=7,
+                    color="white" if value > rates.max() / 2 else "black")  # fmt: skip
+        ax.set_xticks(range(len(self.properties)), self.properties)
+        ax.set_yticks(range(self.num_classes))
+        ax.set_ylabel("class")
+        ax.set_title("failure rate (%) per class and property", fontsize=9)
+        figure.colorbar(image, ax=ax, shrink=0.8)
+        return figure
+
+    def plot_top_confusions(self, top: int = 10) -> Any:
+        """Horizontal bars of the most frequent ``true → predicted (property)`` confusions."""
+        import matplotlib.pyplot as plt
+
+        shown = self.confusions[:top][::-1]
+        figure, ax = plt.subplots(figsize=(5, 0.3 * max(len(shown), 1) + 1.2), layout="constrained")
+        ax.barh([f"{c['true']} → {c['predicted']} ({c['property']})" for c in shown], [c["count"] for c in shown])
+        ax.set_xlabel("mispredicted inputs in failed pairs")
+        ax.set_title("top confusions", fontsize=9)
+        return figure
+
     def to_markdown(self, top: int = 10) -> str:
         """A readable report: totals, the weakest cells, the top confusions, the failure-rate table."""
         lines = [

@@ -35,7 +35,8 @@ def test_fit_logs_curves_and_writes_the_error_summary(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "robustness" / "error_summary.json").read_text())
     assert summary == callback.summary and summary["pairs"] == 150 * 5 * 3  # pairs x levels x properties
     assert "# Error summary" in (tmp_path / "robustness" / "error_summary.md").read_text()
-    assert (tmp_path / "robustness" / "robustness_curves.png").is_file()
+    for figure in ("robustness_curves", "failure_rates", "top_confusions"):
+        assert (tmp_path / "robustness" / f"{figure}.png").is_file()
     assert torch.allclose(guide.proposal, torch.tensor(summary["proposal"]))
 
 
@@ -97,3 +98,20 @@ def test_guide_replaces_training_images_in_place() -> None:
 def test_bad_arguments(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         RobustnessCallback(**kwargs)
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+def test_under_ddp_spawn_the_summary_covers_every_rank(tmp_path: Path) -> None:
+    import csv
+
+    callback = RobustnessCallback(properties=[Property("bright", brightness_scale, (1.5, 3.0))], per_class=8, pairs=40)
+    trainer = quick_trainer(
+        tmp_path, [callback], train_batches=2, val_batches=2, accelerator="cpu", devices=2, strategy="ddp_spawn"
+    )
+    trainer.fit(ClassifierModule(pretrained("mnist_a").train()), datamodule=MNISTDataModule(batch_size=64))
+    summary = json.loads((tmp_path / "robustness" / "error_summary.json").read_text())
+    assert summary["pairs"] == 40 * 2  # 20 pairs per rank per level, gathered from both ranks
+    with (tmp_path / "metrics.csv").open() as handle:
+        row = next(r for r in csv.DictReader(handle) if r.get("robustness/bright"))
+    assert 0.5 < float(row["robustness/bright"]) <= 1.0

@@ -68,6 +68,10 @@ def test_planted_weakness_is_the_top_cell_and_confusion() -> None:
     assert json.loads(summary.to_json())["failed_pairs"] == summary.failed_pairs
     report = summary.to_markdown()
     assert "| 5 | noise |" in report and "5 → 3" in report
+    heatmap = summary.plot_failure_rates()
+    assert heatmap.axes[0].images[0].get_array().shape == (10, 3)
+    bars = summary.plot_top_confusions(top=3)
+    assert bars.axes[0].get_yticklabels()[-1].get_text() == "5 → 3 (noise)"  # most frequent on top
 
 
 def test_failed_pairs_by_hand() -> None:
