@@ -20,6 +20,7 @@ import time
 
 import lightning as L
 import torch
+from _timing import timed
 from torch import nn
 
 from dlguard.callbacks import NeuronCoverageCallback
@@ -115,7 +116,11 @@ def main() -> None:
     )
     print(f"validation epoch, without NC (4)     : {t_no_nc * 1e3:8.1f} ms   ratio {t_no_nc / t_plain:.3f}x")
     per_layer = {c: {layer: 0.5 for layer in neuron_layers(module)} for c in ("nc", "kmnc", "nbc", "snac", "tknc")}
-    figure_s = _time(lambda: plot_coverage_by_layer(per_layer).savefig("/tmp/dlguard-benchmark-coverage.png"))
+    figure_s = timed(
+        {"png": lambda: plot_coverage_by_layer(per_layer).savefig("/tmp/dlguard-benchmark-coverage.png")},
+        torch.device("cpu"),
+        1,
+    )["png"]
     print(f"once per run without W&B, the PNG    : {figure_s * 1e3:8.1f} ms")
 
     images = torch.stack([dm.val_set[i][0] for i in range(200)]).to(args.device)
@@ -130,19 +135,13 @@ def main() -> None:
         return float(metric.compute())
 
     assert abs(dlguard_nc() - deeptest_nc(net, layers, images, 0.2)) < 1e-9, "NC disagrees with the reference"
-    t_ref = statistics.median(_time(lambda: deeptest_nc(net, layers, images, 0.2)) for _ in range(3))
-    t_ours = statistics.median(_time(dlguard_nc) for _ in range(3))
+    nc_times = timed({"ref": lambda: deeptest_nc(net, layers, images, 0.2), "ours": dlguard_nc}, images.device, 3)
+    t_ref, t_ours = nc_times["ref"], nc_times["ours"]
     print(f"NC per image (forward included), DeepTest-style loop: {t_ref / len(images) * 1e6:8.1f} us")
     print(
         f"NC per image (forward included), dlguard batched    : {t_ours / len(images) * 1e6:8.1f} us   "
         f"loop / dlguard {t_ref / t_ours:.1f}x"
     )
-
-
-def _time(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
+from dlguard.augment.functional.translate import _check as _check_translation
 from dlguard.augment.functional.translate import region_translations
 from dlguard.augment.score_guided_padding import ScoreGuidedPadding
 from dlguard.callbacks._final_figure import _FinalFigureCallback
@@ -81,7 +82,7 @@ class DScoreCallback(_FinalFigureCallback):
         output_transform: Callable[[Any], Tensor] | None = None,
         seed: int = 0,
     ) -> None:
-        region_translations(torch.zeros(0, 1, 8, 8), n, t)  # validates n and t before any work
+        _check_translation(n, t)  # before any work
         for name, value in (
             ("every_n_epochs", every_n_epochs),
             ("probe_size", probe_size),

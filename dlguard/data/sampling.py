@@ -10,16 +10,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from dlguard.probes import evaluation
+from dlguard.probes import evaluation, model_device
 
-__all__ = ["BalancedSubset", "balanced_correct_subset", "model_device"]
-
-
-def model_device(model: nn.Module) -> torch.device:
-    """The device of the model's first parameter or buffer (CPU for a model with neither)."""
-    for tensor in (*model.parameters(), *model.buffers()):
-        return tensor.device
-    return torch.device("cpu")
+__all__ = ["BalancedSubset", "balanced_correct_subset"]
 
 
 class BalancedSubset(Subset):

@@ -1,7 +1,7 @@
 """Model surgery as context managers that leave no trace (SPEC §0)."""
 
 from dlguard.probes.capture import capture_activations
-from dlguard.probes.evaluation import evaluation
+from dlguard.probes.evaluation import evaluation, model_device
 from dlguard.probes.intervene import intervene
 from dlguard.probes.layers import LayerSpec, resolve_layers, select_layers
 from dlguard.probes.neurons import NEURON_LAYER_TYPES, neuron_layers, neuron_output, profile_neuron_ranges
@@ -14,6 +14,7 @@ __all__ = [
     "deletion_mutant_logits",
     "evaluation",
     "intervene",
+    "model_device",
     "neuron_layers",
     "neuron_output",
     "profile_neuron_ranges",

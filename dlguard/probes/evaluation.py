@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import torch
 from torch import nn
 
 from dlguard.probes._state import _ModelState
 
-__all__ = ["evaluation"]
+__all__ = ["evaluation", "model_device"]
 
 
 @contextmanager
@@ -39,3 +40,10 @@ def evaluation(model: nn.Module) -> Iterator[nn.Module]:
         yield model
     finally:
         state.restore()
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter or buffer (CPU for a model with neither)."""
+    for tensor in (*model.parameters(), *model.buffers()):
+        return tensor.device
+    return torch.device("cpu")

@@ -11,7 +11,7 @@ from torch.nn.utils.rnn import PackedSequence
 
 from dlguard.metrics.functional.coverage import NeuronRange, neuron_values
 from dlguard.probes.capture import capture_activations
-from dlguard.probes.evaluation import evaluation
+from dlguard.probes.evaluation import evaluation, model_device
 from dlguard.probes.layers import LayerSpec, resolve_layers, select_layers
 
 __all__ = ["NEURON_LAYER_TYPES", "neuron_layers", "neuron_output", "profile_neuron_ranges"]
@@ -82,7 +82,7 @@ def profile_neuron_ranges(
         (['0', '2'], torch.Size([3]), True)
     """
     selected = neuron_layers(model, layers)
-    device = next((t.device for t in (*model.parameters(), *model.buffers())), torch.device("cpu"))
+    device = model_device(model)
     low: dict[str, Tensor] = {}
     high: dict[str, Tensor] = {}
     seen = 0

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from dlguard.metrics.functional.dscore import _check_grid
 from dlguard.probes.capture import capture_activations
 from dlguard.probes.evaluation import evaluation
 from dlguard.probes.intervene import intervene
@@ -37,6 +38,11 @@ def default_max_batch(model: nn.Module, images: Tensor, layers: dict[str, nn.Mod
     return max(1, budget // per_image)
 
 
+def _region_bounds(size: int, n: int) -> list[int]:
+    """Grid boundaries ``round(j·size/n)``, ``j = 0..n`` (SPEC §1)."""
+    return [round(j * size / n) for j in range(n + 1)]
+
+
 def region_keep_masks(height: int, width: int, n: int, device: torch.device | None = None) -> Tensor:
     """Masks ``(n², H, W)``: mask ``i`` is 0 on grid region ``i`` (row-major) and 1 elsewhere.
 
@@ -49,8 +55,7 @@ def region_keep_masks(height: int, width: int, n: int, device: torch.device | No
                 [1., 0., 1.],
                 [1., 1., 1.]])
     """
-    rows = [round(j * height / n) for j in range(n + 1)]
-    cols = [round(j * width / n) for j in range(n + 1)]
+    rows, cols = _region_bounds(height, n), _region_bounds(width, n)
     masks = torch.ones(n * n, height, width, device=device)
     for r in range(n):
         for c in range(n):
@@ -90,8 +95,7 @@ def deletion_mutant_logits(
         >>> deletion_mutant_logits(mnist_a(), torch.rand(5, 1, 28, 28), n=3).shape
         torch.Size([9, 5, 10])
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
-        raise ValueError(f"n: expected an integer grid size of at least 2, got {n!r}")
+    _check_grid(n)
     if max_batch is not None and max_batch < 1:
         raise ValueError(f"max_batch: expected at least 1, got {max_batch}")
     if images.ndim != 4:
@@ -99,34 +103,32 @@ def deletion_mutant_logits(
     selected = select_layers(model, types=nn.Conv2d) if layers is None else resolve_layers(model, layers)
 
     mutants = n * n
-    with evaluation(model):
-        max_batch = max_batch or default_max_batch(model, images, selected)
-    per_pass = max(1, max_batch // max(len(images), 1))
-    chunk = len(images) if per_pass > 1 else max_batch  # split the images only when one copy is too big
     current: dict[str, int] = {}
 
     def delete_regions(_name: str, output: Tensor) -> Tensor:
         # zero region i of copy i in place: n² small slice writes instead of a full-map multiply
-        height, width = output.shape[-2:]
-        rows = [round(j * height / n) for j in range(n + 1)]
-        cols = [round(j * width / n) for j in range(n + 1)]
+        tops, lefts = _region_bounds(output.shape[-2], n), _region_bounds(output.shape[-1], n)
         copies = output.view(-1, current["copies"], *output.shape[1:])
         for offset, region in enumerate(range(current["first"], current["first"] + len(copies))):
             r, c = divmod(region, n)
-            copies[offset, :, :, rows[r] : rows[r + 1], cols[c] : cols[c + 1]] = 0
+            copies[offset, :, :, tops[r] : tops[r + 1], lefts[c] : lefts[c + 1]] = 0
         return output
 
     outputs = []
-    with evaluation(model), intervene(model, selected, delete_regions), torch.no_grad():
-        for start in range(0, len(images), chunk):
-            part = images[start : start + chunk]
-            rows = []
-            for first in range(0, mutants, per_pass):
-                count = min(per_pass, mutants - first)
-                current.update(first=first, copies=len(part))
-                logits = model(part.repeat(count, 1, 1, 1))
-                if output_transform is not None:
-                    logits = output_transform(logits)
-                rows.append(logits.reshape(count, len(part), -1))
-            outputs.append(torch.cat(rows))
+    with evaluation(model), torch.no_grad():
+        max_batch = max_batch or default_max_batch(model, images, selected)
+        per_pass = max(1, max_batch // max(len(images), 1))
+        chunk = len(images) if per_pass > 1 else max_batch  # split the images only when one copy is too big
+        with intervene(model, selected, delete_regions):
+            for start in range(0, len(images), chunk):
+                part = images[start : start + chunk]
+                rows = []
+                for first in range(0, mutants, per_pass):
+                    count = min(per_pass, mutants - first)
+                    current.update(first=first, copies=len(part))
+                    logits = model(part.repeat(count, 1, 1, 1))
+                    if output_transform is not None:
+                        logits = output_transform(logits)
+                    rows.append(logits.reshape(count, len(part), -1))
+                outputs.append(torch.cat(rows))
     return torch.cat(outputs, dim=1)

@@ -7,13 +7,13 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from dlguard.augment.functional._checks import check_images
+from dlguard.metrics.functional.dscore import _check_grid
 
 __all__ = ["pad_to_region", "region_translations"]
 
 
 def _check(n: int, t: int) -> None:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
-        raise ValueError(f"n: expected an integer grid size of at least 2, got {n!r}")
+    _check_grid(n)
     if isinstance(t, bool) or not isinstance(t, int) or t <= 1:
         raise ValueError(f"t: expected an integer greater than 1, got {t!r}")
 
