@@ -9,7 +9,8 @@ from kornia.augmentation import GeometricAugmentationBase2D
 from torch import Tensor
 
 from dlguard.augment.functional.padding import pad_resize_matrix
-from dlguard.augment.functional.translate import _check, pad_to_region
+from dlguard._validation import check_translation
+from dlguard.augment.functional.translate import pad_to_region
 
 __all__ = ["RegionTranslate"]
 
@@ -47,7 +48,7 @@ class RegionTranslate(GeometricAugmentationBase2D):
         same_on_batch: bool = False,
         keepdim: bool = False,
     ) -> None:
-        _check(n, t)
+        check_translation(n, t)
         if region is not None and not 0 <= region < n * n:
             raise ValueError(f"region: expected a region in 0..{n * n - 1} or None, got {region}")
         super().__init__(p=p, same_on_batch=same_on_batch, keepdim=keepdim)

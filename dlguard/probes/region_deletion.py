@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from dlguard.metrics.functional.dscore import _check_grid
+from dlguard._validation import check_grid
 from dlguard.probes.capture import capture_activations
 from dlguard.probes.evaluation import evaluation
 from dlguard.probes.intervene import intervene
@@ -95,7 +95,7 @@ def deletion_mutant_logits(
         >>> deletion_mutant_logits(mnist_a(), torch.rand(5, 1, 28, 28), n=3).shape
         torch.Size([9, 5, 10])
     """
-    _check_grid(n)
+    check_grid(n)
     if max_batch is not None and max_batch < 1:
         raise ValueError(f"max_batch: expected at least 1, got {max_batch}")
     if images.ndim != 4:

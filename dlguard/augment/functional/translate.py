@@ -6,16 +6,9 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from dlguard.augment.functional._checks import check_images
-from dlguard.metrics.functional.dscore import _check_grid
+from dlguard._validation import check_images, check_translation
 
 __all__ = ["pad_to_region", "region_translations"]
-
-
-def _check(n: int, t: int) -> None:
-    _check_grid(n)
-    if isinstance(t, bool) or not isinstance(t, int) or t <= 1:
-        raise ValueError(f"t: expected an integer greater than 1, got {t!r}")
 
 
 def pad_to_region(images: Tensor, n: int, region: int | Tensor, t: int = 5) -> Tensor:
@@ -39,7 +32,7 @@ def pad_to_region(images: Tensor, n: int, region: int | Tensor, t: int = 5) -> T
         >>> divmod(int(moved.flatten().argmax()), 30)  # now in the top-left third
         (7, 7)
     """
-    _check(n, t)
+    check_translation(n, t)
     check_images(images)
     batch, _, height, width = images.shape
     regions = torch.as_tensor(region, device=images.device).long().expand(batch) if batch else torch.zeros(0)
@@ -63,7 +56,7 @@ def region_translations(images: Tensor, n: int, t: int = 5) -> Tensor:
         >>> region_translations(torch.rand(4, 1, 28, 28), n=3).shape
         torch.Size([9, 4, 1, 28, 28])
     """
-    _check(n, t)
+    check_translation(n, t)
     check_images(images)
     regions = torch.arange(n * n, device=images.device).repeat_interleave(len(images))
     moved = pad_to_region(images.repeat(n * n, 1, 1, 1), n, regions, t)

@@ -11,6 +11,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from dlguard._validation import check_grid
+
 __all__ = ["DScoreResult", "d_score", "g_bound"]
 
 
@@ -40,15 +42,10 @@ def g_bound(n: int, num_classes: int) -> float:
         >>> round(g_bound(3, 10), 4)
         0.5095
     """
-    _check_grid(n)
+    check_grid(n)
     if num_classes < 2:
         raise ValueError(f"num_classes: expected at least 2, got {num_classes}")
     return 2 * math.sqrt(n * n - 1) / n**3 + (num_classes - 1) / (n * num_classes)
-
-
-def _check_grid(n: int) -> None:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
-        raise ValueError(f"n: expected an integer grid size of at least 2, got {n!r}")
 
 
 def _as_accuracy(name: str, value: float | Tensor) -> Tensor:

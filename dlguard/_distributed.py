@@ -1,0 +1,43 @@
+"""Collectives that are no-ops in one process, so generators and samplers run with or without DDP."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torchmetrics.utilities.distributed import gather_all_tensors
+
+
+def world_size() -> int:
+    """Processes in the default group (1 without ``torch.distributed``)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def rank() -> int:
+    """This process's rank (0 without ``torch.distributed``)."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def gather(tensor: Tensor) -> list[Tensor]:
+    """Every rank's ``tensor`` in rank order (shapes may differ along any dimension); ``[tensor]`` alone.
+
+    A collective under DDP: every rank must call it.
+    """
+    if world_size() == 1:
+        return [tensor]
+    return gather_all_tensors(tensor.contiguous())
+
+
+def gather_cat(tensor: Tensor) -> Tensor:
+    """Every rank's ``tensor`` concatenated along the first dimension, in rank order."""
+    parts = gather(tensor)
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def all_sum(tensor: Tensor) -> Tensor:
+    """The sum of ``tensor`` over ranks (a new tensor; the input is untouched)."""
+    if world_size() == 1:
+        return tensor.clone()
+    total = tensor.clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total

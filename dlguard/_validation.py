@@ -1,0 +1,126 @@
+"""Argument checks shared across dlguard's packages.
+
+Each check raises ``ValueError`` naming the argument and what was expected, before any work is
+done (SPEC §0). Checks that read tensor values (range, NaN) cost a reduction and, on a GPU, a host
+sync: callers run them once per measurement or when a state changes, never per training batch.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Integral, Real
+
+import torch
+from torch import Tensor
+
+
+def positive_int(name: str, value: object, minimum: int = 1) -> int:
+    """``value`` as an ``int`` of at least ``minimum`` (``bool`` is not an integer here)."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
+        raise ValueError(f"{name}: expected an integer of at least {minimum}, got {value!r}")
+    return int(value)
+
+
+def probability(name: str, value: object) -> float:
+    """``value`` as a ``float`` in ``[0, 1]`` (NaN rejected)."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not 0.0 <= float(value) <= 1.0:
+        raise ValueError(f"{name}: expected a value in [0, 1], got {value!r}")
+    return float(value)
+
+
+def finite_float(name: str, value: object) -> float:
+    """``value`` as a finite ``float``."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
+        raise ValueError(f"{name}: expected a finite number, got {value!r}")
+    return float(value)
+
+
+def value_range(name: str, bounds: tuple[float, float] | None) -> tuple[float, float] | None:
+    """``None`` or a finite ``(low, high)`` with ``low < high``."""
+    if bounds is None:
+        return None
+    try:
+        low, high = (finite_float(name, b) for b in bounds)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: expected None or finite (low, high), got {bounds!r}") from None
+    if not low < high:
+        raise ValueError(f"{name}: expected low < high, got {bounds!r}")
+    return low, high
+
+
+def check_grid(n: object) -> int:
+    """D-Score's grid size ``n >= 2``."""
+    if isinstance(n, bool) or not isinstance(n, Integral) or n < 2:
+        raise ValueError(f"n: expected an integer grid size of at least 2, got {n!r}")
+    return int(n)
+
+
+def check_translation(n: object, t: object) -> None:
+    """Grid size ``n`` and padding divisor ``t > 1`` of D-Score's padding translation (SPEC §1)."""
+    check_grid(n)
+    if isinstance(t, bool) or not isinstance(t, Integral) or t < 2:
+        raise ValueError(f"t: expected an integer greater than 1, got {t!r}")
+
+
+def check_tensor(name: str, value: object, *, min_ndim: int = 1, floating: bool = False) -> Tensor:
+    """A tensor of at least ``min_ndim`` dimensions (floating point when asked)."""
+    if not isinstance(value, Tensor):
+        raise ValueError(f"{name}: expected a tensor, got {type(value).__name__}")
+    if value.ndim < min_ndim:
+        raise ValueError(f"{name}: expected at least {min_ndim} dimensions, got shape {tuple(value.shape)}")
+    if floating and not value.is_floating_point():
+        raise ValueError(f"{name}: expected floating-point values, got {value.dtype}")
+    return value
+
+
+def check_values(name: str, values: Tensor, bounds: tuple[float, float] | None = (0.0, 1.0)) -> None:
+    """No NaN, and every value inside ``bounds`` when given (two reductions, one host sync)."""
+    if values.numel() == 0:
+        return
+    if not values.is_floating_point():
+        return
+    low, high = values.amin(), values.amax()  # a NaN anywhere makes both NaN
+    if torch.isnan(low) or torch.isnan(high):
+        raise ValueError(f"{name}: contains NaN")
+    if bounds is not None and (low < bounds[0] or high > bounds[1]):
+        raise ValueError(
+            f"{name}: expected values in [{bounds[0]:g}, {bounds[1]:g}], got values in [{float(low):.4g}, "
+            f"{float(high):.4g}]"
+        )
+
+
+def check_images(images: Tensor, name: str = "images", bounds: tuple[float, float] | None = (0.0, 1.0)) -> None:
+    """A float ``(B, C, H, W)`` batch without NaN, inside ``bounds`` (pixel space by default, SPEC §0)."""
+    check_tensor(name, images, floating=True)
+    if images.ndim != 4:
+        raise ValueError(f"{name}: expected images (B, C, H, W), got shape {tuple(images.shape)}")
+    check_values(name, images, bounds)
+
+
+def check_labels(name: str, target: object, batch: int | None = None, num_classes: int | None = None) -> Tensor:
+    """Integer class labels ``(B,)`` in ``[0, num_classes)`` (one reduction when ``num_classes`` is given)."""
+    if not isinstance(target, Tensor):
+        raise ValueError(f"{name}: expected a tensor of integer class labels, got {type(target).__name__}")
+    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
+        raise ValueError(f"{name}: expected integer class labels, got {target.dtype}")
+    expected = "(B,)" if batch is None else f"({batch},)"
+    if target.ndim != 1 or (batch is not None and target.shape[0] != batch):
+        raise ValueError(f"{name}: expected labels of shape {expected}, got {tuple(target.shape)}")
+    if num_classes is not None and target.numel():
+        low, high = int(target.min()), int(target.max())
+        if low < 0 or high >= num_classes:
+            raise ValueError(f"{name}: expected labels in [0, {num_classes}), got labels in [{low}, {high}]")
+    return target
+
+
+def check_logits(name: str, logits: object, batch: int, num_classes: int | None = None, hint: str = "") -> Tensor:
+    """Model outputs of shape ``(B, K)`` (and ``K = num_classes`` when given)."""
+    if not isinstance(logits, Tensor) or logits.ndim != 2 or logits.shape[0] != batch:
+        shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+        raise ValueError(f"{name}: expected logits of shape ({batch}, K), got {shape}{hint}")
+    if num_classes is not None and logits.shape[1] != num_classes:
+        raise ValueError(
+            f"num_classes: is {num_classes} but the model's outputs have {logits.shape[1]} classes; "
+            "pass the width of the logits (or leave num_classes unset)"
+        )
+    return logits
