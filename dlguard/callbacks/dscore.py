@@ -11,7 +11,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
-from dlguard.augment.functional.translate import _check as _check_translation
+from dlguard._validation import check_translation as _check_translation
 from dlguard.augment.functional.translate import region_translations
 from dlguard.augment.score_guided_padding import ScoreGuidedPadding
 from dlguard.callbacks._final_figure import _FinalFigureCallback
