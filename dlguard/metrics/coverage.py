@@ -10,10 +10,13 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
+from dlguard._validation import positive_int
 from dlguard.metrics.functional.coverage import (
     NeuronRange,
     _boundary_hits,
+    _check_finite_values,
     _check_k,
+    _check_range,
     _check_threshold,
     _class_counts,
     _impartiality,
@@ -42,7 +45,8 @@ class _LayerCoverage(Metric):
     """Per-neuron hit counts of several layers in one flat ``sum``-reduced state per kind of hit.
 
     Subclasses name their states (``_states``), how many slots each neuron has (``_slots``) and
-    how the layers' ``(B, N)`` values turn into hits (``_hits``).
+    how the layers' ``(B, N)`` values turn into hits (``_hits``). ``update`` checks the values of
+    all layers side by side for NaN once per batch.
     """
 
     is_differentiable = False
@@ -53,11 +57,13 @@ class _LayerCoverage(Metric):
 
     def __init__(self, layer_sizes: Mapping[str, int], per_layer: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if not layer_sizes:
-            raise ValueError("layer_sizes: expected at least one layer")
-        if any(size < 1 for size in layer_sizes.values()):
-            raise ValueError(f"layer_sizes: expected at least one neuron per layer, got {dict(layer_sizes)}")
-        self.layer_sizes = dict(layer_sizes)
+        if not isinstance(layer_sizes, Mapping) or not layer_sizes:
+            raise ValueError(f"layer_sizes: expected a non-empty {{layer: number of neurons}}, got {layer_sizes!r}")
+        for name, size in layer_sizes.items():
+            positive_int(f"layer_sizes[{name!r}]", size)
+        if not isinstance(per_layer, bool):
+            raise ValueError(f"per_layer: expected a bool, got {per_layer!r}")
+        self.layer_sizes = {name: int(size) for name, size in layer_sizes.items()}
         self.per_layer = per_layer
         bounds, start = {}, 0
         for name, size in self.layer_sizes.items():
@@ -71,11 +77,18 @@ class _LayerCoverage(Metric):
         return neuron_values(activation)
 
     @abstractmethod
-    def _hits(self, values: list[Tensor]) -> tuple[Tensor, ...]:
-        """Hits of every state from each layer's ``(B, N)`` values, in layer order."""
+    def _hits(self, values: list[Tensor], flat: Tensor) -> tuple[Tensor, ...]:
+        """Hits of every state from each layer's ``(B, N)`` values in layer order, or all of them side by side."""
 
     def update(self, activations: Mapping[str, Tensor]) -> None:
-        """Add a batch: ``{layer: output}`` with every layer given at construction."""
+        """Add a batch: ``{layer: output}`` with every layer given at construction, the same inputs in each.
+
+        Raises:
+            ValueError: on a missing or unknown layer, a layer of another width, different batch
+                sizes, or NaN activations.
+        """
+        if not isinstance(activations, Mapping):
+            raise ValueError(f"activations: expected {{layer: output}}, got {type(activations).__name__}")
         missing = self.layer_sizes.keys() - activations.keys()
         unknown = activations.keys() - self.layer_sizes.keys()
         if missing or unknown:
@@ -92,8 +105,15 @@ class _LayerCoverage(Metric):
                     f"expected {size} as at construction"
                 )
             values.append(layer_values)
-        # the element-wise criteria run once on all layers side by side: few ops per batch
-        for state, hits in zip(self._states, self._hits(values), strict=True):
+        if len({v.shape[0] for v in values}) != 1:
+            raise ValueError(
+                f"activations: expected every layer to hold the same inputs, got batch sizes "
+                f"{ {name: v.shape[0] for name, v in zip(self.layer_sizes, values, strict=True)} }"
+            )
+        # the element-wise criteria run once on all layers side by side: few ops per batch, one check
+        flat = torch.cat(values, dim=1)
+        _check_finite_values(flat)
+        for state, hits in zip(self._states, self._hits(values, flat), strict=True):
             getattr(self, state).add_(hits.flatten())
 
     def _covered(self) -> Tensor:
@@ -147,14 +167,16 @@ class NeuronCoverage(_LayerCoverage):
         **kwargs: Any,
     ) -> None:
         _check_threshold(threshold)
+        if not isinstance(scale, bool):
+            raise ValueError(f"scale: expected a bool, got {scale!r}")
         super().__init__(layer_sizes, per_layer, **kwargs)
         self.threshold, self.scale = threshold, scale
 
     def _values(self, name: str, activation: Tensor) -> Tensor:
         return _scaled_neuron_values(activation) if self.scale else neuron_values(activation)
 
-    def _hits(self, values: list[Tensor]) -> tuple[Tensor, ...]:
-        return (_nc_hits(torch.cat(values, dim=1), self.threshold),)
+    def _hits(self, values: list[Tensor], flat: Tensor) -> tuple[Tensor, ...]:
+        return (_nc_hits(flat, self.threshold),)
 
 
 class _RangeCoverage(_LayerCoverage):
@@ -163,12 +185,9 @@ class _RangeCoverage(_LayerCoverage):
     def __init__(self, ranges: Mapping[str, NeuronRange] | None = None, per_layer: bool = False, **kwargs: Any) -> None:
         if ranges is None:
             raise ValueError(f"ranges: {type(self).__name__} needs per-neuron ranges; {_PROFILE_HINT}")
-        for name, bounds in ranges.items():
-            low, high = bounds
-            if low.shape != high.shape or low.ndim != 1:
-                raise ValueError(f"ranges: layer {name!r} needs low and high of the same shape (N,)")
-            if (low > high).any():
-                raise ValueError(f"ranges: layer {name!r} has low > high")
+        if not isinstance(ranges, Mapping) or not ranges:
+            raise ValueError(f"ranges: expected a non-empty {{layer: NeuronRange(low, high)}}, got {ranges!r}")
+        ranges = {name: _check_range(name, bounds) for name, bounds in ranges.items()}
         super().__init__({name: len(bounds[0]) for name, bounds in ranges.items()}, per_layer, **kwargs)
         # all layers' ranges side by side, in layer order, moved with the metric
         self.register_buffer("low", torch.cat([low.detach().float() for low, _ in ranges.values()]), persistent=False)
@@ -206,8 +225,8 @@ class KMultisectionCoverage(_RangeCoverage):
         super().__init__(ranges, per_layer, **kwargs)
         self.k = k
 
-    def _hits(self, values: list[Tensor]) -> tuple[Tensor, ...]:
-        return (_kmnc_hits(torch.cat(values, dim=1), self.bounds, self.k),)
+    def _hits(self, values: list[Tensor], flat: Tensor) -> tuple[Tensor, ...]:
+        return (_kmnc_hits(flat, self.bounds, self.k),)
 
 
 class NeuronBoundaryCoverage(_RangeCoverage):
@@ -223,8 +242,8 @@ class NeuronBoundaryCoverage(_RangeCoverage):
 
     _states = ("upper", "lower")
 
-    def _hits(self, values: list[Tensor]) -> tuple[Tensor, ...]:
-        return _boundary_hits(torch.cat(values, dim=1), self.bounds)
+    def _hits(self, values: list[Tensor], flat: Tensor) -> tuple[Tensor, ...]:
+        return _boundary_hits(flat, self.bounds)
 
 
 class StrongNeuronActivationCoverage(_RangeCoverage):
@@ -238,8 +257,8 @@ class StrongNeuronActivationCoverage(_RangeCoverage):
         tensor(0.5000, dtype=torch.float64)
     """
 
-    def _hits(self, values: list[Tensor]) -> tuple[Tensor, ...]:
-        return (_boundary_hits(torch.cat(values, dim=1), self.bounds)[0],)
+    def _hits(self, values: list[Tensor], flat: Tensor) -> tuple[Tensor, ...]:
+        return (_boundary_hits(flat, self.bounds)[0],)
 
 
 class TopKNeuronCoverage(_LayerCoverage):
@@ -258,7 +277,7 @@ class TopKNeuronCoverage(_LayerCoverage):
         super().__init__(layer_sizes, per_layer, **kwargs)
         self.k = k
 
-    def _hits(self, values: list[Tensor]) -> tuple[Tensor, ...]:
+    def _hits(self, values: list[Tensor], flat: Tensor) -> tuple[Tensor, ...]:
         return (torch.cat([_top_k_hits(layer_values, self.k) for layer_values in values]),)
 
 
@@ -282,7 +301,7 @@ class OutputImpartiality(Metric):
 
     def __init__(self, num_classes: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        _class_counts(torch.zeros(0, dtype=torch.long), num_classes)  # validates num_classes
+        positive_int("num_classes", num_classes, minimum=2)
         self.num_classes = num_classes
         self.add_state("counts", torch.zeros(num_classes, dtype=torch.long), dist_reduce_fx="sum")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -20,11 +21,14 @@ class DScore(Metric):
     model's ``(B, K)``, the mutants' ``(n², B, K)`` (:func:`~dlguard.probes.deletion_mutant_logits`)
     and the translated sets' ``(n², B, K)`` (:func:`~dlguard.augment.functional.region_translations`).
     States are counts reduced by sum, so any split of the probe set across batches or processes
-    gives the same result. ``compute`` returns :class:`~dlguard.metrics.functional.DScoreResult`.
+    gives the same result. ``compute`` returns :class:`~dlguard.metrics.functional.DScoreResult`,
+    whose ``baseline_accuracy``, ``deletion_accuracy`` and ``translation_accuracy`` are the
+    accuracies reduced over all processes (the count states hold this process's own counts again
+    once ``compute`` returns).
 
     Args:
         n: grid size (``>= 2``).
-        num_classes: ``K``.
+        num_classes: ``K``, the width of the logits.
 
     Example:
         >>> import torch
@@ -36,6 +40,8 @@ class DScore(Metric):
         >>> result = metric.compute()
         >>> float(result.v_fitness) <= 1.0, result.feature_distribution.tolist()  # no mutant lost anything
         (True, [0.25, 0.25, 0.25, 0.25])
+        >>> round(float(result.baseline_accuracy), 4), round(float(result.deletion_accuracy[0]), 4)
+        (1.0, 1.0)
     """
 
     is_differentiable = False
@@ -57,11 +63,15 @@ class DScore(Metric):
         self.add_state("total", torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
     def update(self, baseline_logits: Tensor, mutant_logits: Tensor, translated_logits: Tensor, target: Tensor) -> None:
-        """Add a batch: logits ``(B, K)``, ``(n², B, K)``, ``(n², B, K)`` and labels ``(B,)``."""
-        if mutant_logits.ndim == 3 and mutant_logits.shape[0] != self.n**2:
+        """Add a batch: logits ``(B, K)``, ``(n², B, K)``, ``(n², B, K)`` and labels ``(B,)`` in ``[0, K)``.
+
+        Raises:
+            ValueError: on a shape other than these, ``K != num_classes``, or a label outside ``[0, K)``.
+        """
+        if isinstance(mutant_logits, Tensor) and mutant_logits.ndim == 3 and mutant_logits.shape[0] != self.n**2:
             raise ValueError(f"mutant_logits: expected n² = {self.n**2} mutants, got {mutant_logits.shape[0]}")
         baseline, deletion, translation, batch = _dscore_update(
-            baseline_logits, mutant_logits, translated_logits, target
+            baseline_logits, mutant_logits, translated_logits, target, self.num_classes
         )
         self.baseline_correct += baseline
         self.deletion_correct += deletion
@@ -80,9 +90,17 @@ class DScore(Metric):
             self.num_classes,
         )
 
-    def plot(self, val: DScoreResult | None = None, ax: Any = None) -> tuple[Any, Any]:
-        """Draw the feature and attention distributions as ``n x n`` heatmaps; returns ``(fig, axes)``."""
-        from dlguard.report.figures import plot_dscore_heatmaps
+    def plot(self, val: DScoreResult | None = None, ax: Sequence[Any] | None = None) -> tuple[Any, Any]:
+        """Draw the feature and attention distributions as ``n x n`` heatmaps.
 
-        figure = plot_dscore_heatmaps(val if val is not None else self.compute())
-        return figure, figure.axes
+        Args:
+            val: a result to draw (default: :meth:`compute`).
+            ax: two matplotlib ``Axes`` of one figure to draw the feature and attention heatmaps
+                into (default: a new figure).
+
+        Returns:
+            ``(figure, [feature axes, attention axes])``.
+        """
+        from dlguard.report.figures import _dscore_heatmaps
+
+        return _dscore_heatmaps(val if val is not None else self.compute(), ax=ax)

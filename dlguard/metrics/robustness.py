@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from numbers import Integral, Real
 from typing import Any
 
 import torch
 from torch import Tensor
 from torchmetrics import Metric
 
+from dlguard._validation import positive_int
 from dlguard.metrics.functional.robustness import (
     LocalRobustnessResult,
     _adder_compute,
     _adder_update,
+    _check_combine,
     _local_robustness_compute,
     _local_robustness_update,
     digit_sum,
@@ -21,25 +25,53 @@ from dlguard.metrics.functional.robustness import (
 __all__ = ["AdderGlobalRobustness", "LocalRobustness"]
 
 
+def _property_levels(prop: object, levels: int) -> tuple[float, ...] | None:
+    """The severity values of a :class:`~dlguard.augment.Property` (``None`` for a name)."""
+    values = getattr(prop, "levels", None)
+    if values is None or isinstance(prop, str):
+        return None
+    if (
+        isinstance(values, str)
+        or not isinstance(values, Sequence)
+        or not values
+        or not all(isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(v) for v in values)
+    ):
+        raise ValueError(f"properties: expected finite severity values for {prop.name!r}, got {values!r}")
+    if len(values) > levels:
+        raise ValueError(f"levels: is {levels} but property {prop.name!r} has {len(values)} severity values")
+    return tuple(float(v) for v in values)
+
+
 class _PerProperty(Metric):
-    """Names properties and their number of levels; states are indexed ``[property, level, ...]``."""
+    """Names properties and their number of levels; states are indexed ``[property, level, ...]``.
+
+    ``properties`` are names or :class:`~dlguard.augment.Property` objects (``.name``, ``.levels``);
+    the level values of the latter are kept in ``level_values`` (``{name: values}``) for plots. A
+    property may have fewer values than ``levels`` (a sweep pads it to the widest property).
+    """
 
     is_differentiable = False
     higher_is_better = True
     full_state_update = False
 
-    def __init__(self, num_classes: int, properties: Sequence[str], levels: int, **kwargs: Any) -> None:
+    def __init__(self, num_classes: int, properties: Sequence[Any], levels: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if num_classes < 2:
-            raise ValueError(f"num_classes: expected at least 2, got {num_classes}")
+        positive_int("num_classes", num_classes, minimum=2)
+        levels = positive_int("levels", levels)
+        if isinstance(properties, str) or not isinstance(properties, Sequence):
+            raise ValueError(f"properties: expected a sequence of property names, got {properties!r}")
         names = [getattr(p, "name", p) for p in properties]
-        if not names or len(set(names)) != len(names):
+        if not names or not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
             raise ValueError(f"properties: expected distinct property names, got {names}")
-        if levels < 1:
-            raise ValueError(f"levels: expected at least 1 severity level, got {levels}")
         self.num_classes, self.properties, self.levels = num_classes, names, levels
+        self.level_values: dict[str, tuple[float, ...]] = {}
+        for name, prop in zip(names, properties, strict=True):
+            values = _property_levels(prop, levels)
+            if values is not None:
+                self.level_values[name] = values
 
-    def _index(self, prop: str) -> int:
+    def _index(self, prop: Any) -> int:
+        prop = getattr(prop, "name", prop)
         if prop not in self.properties:
             raise ValueError(f"property: unknown {prop!r}; known properties: {self.properties}")
         return self.properties.index(prop)
@@ -54,8 +86,9 @@ class LocalRobustness(_PerProperty):
 
     Args:
         num_classes: ``C``.
-        properties: property names (or :class:`~dlguard.augment.Property` objects).
-        levels: severity levels per property.
+        properties: property names, or :class:`~dlguard.augment.Property` objects whose level
+            values :meth:`plot` puts on the x axis (kept in ``level_values``).
+        levels: severity levels per property (at least each property's number of level values).
 
     Example:
         >>> import torch
@@ -71,17 +104,18 @@ class LocalRobustness(_PerProperty):
     total: Tensor
     confidence: Tensor
 
-    def __init__(self, num_classes: int, properties: Sequence[str], levels: int, **kwargs: Any) -> None:
+    def __init__(self, num_classes: int, properties: Sequence[Any], levels: int, **kwargs: Any) -> None:
         super().__init__(num_classes, properties, levels, **kwargs)
         shape = (len(self.properties), levels, num_classes)
         self.add_state("correct", torch.zeros(shape, dtype=torch.long), dist_reduce_fx="sum")
         self.add_state("total", torch.zeros(shape, dtype=torch.long), dist_reduce_fx="sum")
         self.add_state("confidence", torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum")
 
-    def update(self, logits: Tensor, target: Tensor, property: str) -> None:
-        """Add the logits ``(levels, B, K)`` of one property's sweep over inputs with labels ``target``."""
+    def update(self, logits: Tensor, target: Tensor, property: Any) -> None:
+        """Add the logits ``(levels, B, K)`` of one property's sweep (its name or object) over labels ``target``."""
         index = self._index(property)
-        if logits.ndim == 3 and logits.shape[0] != self.levels:
+        property = self.properties[index]
+        if isinstance(logits, Tensor) and logits.ndim == 3 and logits.shape[0] != self.levels:
             raise ValueError(f"logits: expected {self.levels} levels for {property!r}, got {logits.shape[0]}")
         correct, total, confidence = _local_robustness_update(logits, target, self.num_classes)
         self.correct[index] += correct
@@ -100,19 +134,46 @@ class LocalRobustness(_PerProperty):
         return results
 
     def plot(self, val: dict[str, LocalRobustnessResult] | None = None, ax: Any = None) -> tuple[Any, Any]:
-        """Robustness curves: ``LR_p`` against severity level, one line per property."""
-        from dlguard.report.figures import plot_robustness_curves
+        """Robustness curves ``LR_p`` against severity.
 
-        figure = plot_robustness_curves({k: v.per_level for k, v in (val or self.compute()).items()})
-        return figure, figure.axes[0]
+        When every property came with level values (:class:`~dlguard.augment.Property` objects),
+        one panel per property with its level values on the x axis; otherwise one panel, a line per
+        property against the severity index. See :func:`~dlguard.report.plot_robustness_curves`.
+
+        Args:
+            val: results to draw (default: :meth:`compute`).
+            ax: matplotlib ``Axes`` to draw into: one for a single panel, else one per property of
+                ``val`` (default: a new figure).
+
+        Returns:
+            ``(figure, axes)``: one ``Axes`` for a single panel, else a list of them.
+        """
+        from dlguard.report.figures import _robustness_curves
+
+        results = val if val is not None else self.compute()
+        curves = {name: result.per_level.reshape(-1) for name, result in results.items()}
+        levels = None
+        if curves and all(name in self.level_values for name in curves):
+            levels = {name: self.level_values[name] for name in curves}
+            curves = {name: values[: len(levels[name])] for name, values in curves.items()}  # padded levels
+        figure, axes = _robustness_curves(curves, levels, ax)
+        return figure, axes[0] if len(axes) == 1 else axes
 
 
 class AdderGlobalRobustness(_PerProperty):
     """Global robustness through an adder of two predictions, per property, severity and class pair.
 
     For pairs ``(x₁, x₂)`` of classes ``(c₁, c₂)`` perturbed alike, a pair counts as robust when
-    ``combine(ŷ₁, ŷ₂) = combine(c₁, c₂)`` (SPEC §5; default: the sum of two digits). Named apart
-    from HDA's density-weighted empirical global robustness.
+    ``combine(ŷ₁, ŷ₂) = combine(c₁, c₂)`` (SPEC §5). Named apart from HDA's density-weighted
+    empirical global robustness.
+
+    Args:
+        num_classes: ``C``.
+        properties: property names (or :class:`~dlguard.augment.Property` objects).
+        levels: severity levels per property.
+        combine: how two labels combine, elementwise. The default, the sum of two digits
+            (:func:`~dlguard.metrics.functional.digit_sum`), needs ``num_classes = 10``; any other
+            task passes a combine that fits its labels.
 
     Example:
         >>> import torch
@@ -130,21 +191,22 @@ class AdderGlobalRobustness(_PerProperty):
     def __init__(
         self,
         num_classes: int,
-        properties: Sequence[str],
+        properties: Sequence[Any],
         levels: int,
         combine: Callable[[Tensor, Tensor], Tensor] = digit_sum,
         **kwargs: Any,
     ) -> None:
         super().__init__(num_classes, properties, levels, **kwargs)
+        _check_combine(combine, num_classes)
         self.combine = combine
         shape = (len(self.properties), levels, num_classes, num_classes)
         self.add_state("correct", torch.zeros(shape, dtype=torch.long), dist_reduce_fx="sum")
         self.add_state("total", torch.zeros(shape, dtype=torch.long), dist_reduce_fx="sum")
 
-    def update(self, preds: tuple[Tensor, Tensor], targets: tuple[Tensor, Tensor], property: str, level: int) -> None:
-        """Add pairs: predicted labels of both inputs, their true labels, the property and level index."""
+    def update(self, preds: tuple[Tensor, Tensor], targets: tuple[Tensor, Tensor], property: Any, level: int) -> None:
+        """Add pairs: predicted labels of both inputs, their true labels (all in ``[0, C)``), property, level index."""
         index = self._index(property)
-        if not 0 <= level < self.levels:
+        if isinstance(level, bool) or not isinstance(level, Integral) or not 0 <= level < self.levels:
             raise ValueError(f"level: expected an index in 0..{self.levels - 1}, got {level}")
         correct, total = _adder_update(preds, targets, self.num_classes, self.combine)
         self.correct[index, level] += correct

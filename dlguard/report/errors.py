@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dlguard.metrics.functional.robustness import digit_sum
+from dlguard._validation import check_labels, positive_int
+from dlguard.metrics.functional.robustness import _check_combine, digit_sum
 
 __all__ = ["ErrorSummary", "summarize_errors"]
 
@@ -31,7 +32,9 @@ class ErrorSummary:
         confusions: ``[{"true", "predicted", "property", "count"}]`` among the failed pairs, most first.
         ranked_cells: ``[{"class", "property", "share"}]``: share of failed pairs in which an input of
             that class was mispredicted under that property, largest first.
-        failures: per failed pair ``{"property", "level", "targets", "predictions", "mispredicted"}``.
+        failures: per failed pair ``{"property", "level", "targets", "predictions", "mispredicted"}``;
+            keyword-only and empty by default, so a summary saved with ``to_dict(include_failures=False)``
+            is restored by ``ErrorSummary(**saved)``.
         proposal: ``[class][property]`` augmentation probability, proportional to the failure
             rate (the weakest cell gets 1), for :class:`~dlguard.augment.ErrorGuidedAugmentation`.
     """
@@ -43,20 +46,44 @@ class ErrorSummary:
     failure_rate: list[list[float]]
     confusions: list[dict[str, Any]]
     ranked_cells: list[dict[str, Any]]
-    failures: list[dict[str, Any]] = field(repr=False)
     proposal: list[list[float]]
+    failures: list[dict[str, Any]] = field(default_factory=list, repr=False, kw_only=True)
+
+    def to_dict(self, include_failures: bool = True) -> dict[str, Any]:
+        """The summary as plain Python values (``json.dumps``-ready), fields in declaration order.
+
+        Args:
+            include_failures: keep the per-pair ``failures`` list (one entry per failed pair); leave
+                it out for a compact record such as a checkpoint's.
+
+        Example:
+            >>> import torch
+            >>> zero = torch.zeros(1, dtype=torch.long)
+            >>> summary = summarize_errors(["noise"], zero, zero, torch.tensor([[5, 1]]), torch.tensor([[6, 1]]), 10)
+            >>> len(summary.to_dict()["failures"]), "failures" in summary.to_dict(include_failures=False)
+            (1, False)
+            >>> ErrorSummary(**summary.to_dict(include_failures=False)).failed_pairs
+            1
+        """
+        if not isinstance(include_failures, bool):
+            raise ValueError(f"include_failures: expected a bool, got {include_failures!r}")
+        record = asdict(self)
+        if not include_failures:
+            del record["failures"]
+        return record
 
     def to_json(self, **kwargs: Any) -> str:
-        """The summary as JSON."""
-        return json.dumps(asdict(self), **kwargs)
+        """The summary, failures included, as JSON (``kwargs`` go to :func:`json.dumps`)."""
+        return json.dumps(self.to_dict(), **kwargs)
 
     def plot_failure_rates(self) -> Any:
         """Heatmap of the failure rate per class (rows) and property (columns); returns the figure."""
-        import matplotlib.pyplot as plt
         import numpy as np
+        from matplotlib.figure import Figure
 
         rates = np.asarray(self.failure_rate)
-        figure, ax = plt.subplots(figsize=(1.2 * len(self.properties) + 2.5, 4.2), layout="constrained")
+        figure = Figure(figsize=(1.2 * len(self.properties) + 2.5, 4.2), layout="constrained")
+        ax = figure.subplots()
         image = ax.imshow(rates, cmap="magma_r", vmin=0, vmax=max(float(rates.max()), 1e-9), aspect="auto")
         for (row, col), value in np.ndenumerate(rates):
             ax.text(col, row, f"{100 * value:.0f}", ha="center", va="center", fontsize=7,
@@ -69,18 +96,20 @@ class ErrorSummary:
         return figure
 
     def plot_top_confusions(self, top: int = 10) -> Any:
-        """Horizontal bars of the most frequent ``true → predicted (property)`` confusions."""
-        import matplotlib.pyplot as plt
+        """Horizontal bars of the ``top`` most frequent ``true → predicted (property)`` confusions."""
+        from matplotlib.figure import Figure
 
-        shown = self.confusions[:top][::-1]
-        figure, ax = plt.subplots(figsize=(5, 0.3 * max(len(shown), 1) + 1.2), layout="constrained")
+        shown = self.confusions[: positive_int("top", top)][::-1]
+        figure = Figure(figsize=(5, 0.3 * max(len(shown), 1) + 1.2), layout="constrained")
+        ax = figure.subplots()
         ax.barh([f"{c['true']} → {c['predicted']} ({c['property']})" for c in shown], [c["count"] for c in shown])
         ax.set_xlabel("mispredicted inputs in failed pairs")
         ax.set_title("top confusions", fontsize=9)
         return figure
 
     def to_markdown(self, top: int = 10) -> str:
-        """A readable report: totals, the weakest cells, the top confusions, the failure-rate table."""
+        """A readable report: totals, the ``top`` weakest cells and confusions, the failure-rate table."""
+        top = positive_int("top", top)
         lines = [
             "# Error summary",
             "",
@@ -122,13 +151,14 @@ def summarize_errors(
     """Summarize the failures of the adder's pairs (SPEC §5, error summarization).
 
     Args:
-        properties: property names; ``property_index`` refers to them.
+        properties: distinct property names (or :class:`~dlguard.augment.Property` objects);
+            ``property_index`` refers to them.
         property_index: ``(M,)`` the property each pair was perturbed with.
-        level: ``(M,)`` the severity level index of each pair.
-        targets: ``(M, 2)`` true labels of both inputs of each pair.
-        predictions: ``(M, 2)`` predicted labels.
-        num_classes: ``C``.
-        combine: the adder's combination (default: sum of digits).
+        level: ``(M,)`` the severity level index of each pair (``>= 0``).
+        targets: ``(M, 2)`` true labels in ``[0, C)`` of both inputs of each pair.
+        predictions: ``(M, 2)`` predicted labels in ``[0, C)``.
+        num_classes: ``C`` (at least 2).
+        combine: the adder's combination; the default, the sum of two digits, needs ``C = 10``.
 
     Returns:
         An :class:`ErrorSummary`.
@@ -142,22 +172,44 @@ def summarize_errors(
         >>> summary.failed_pairs, summary.ranked_cells[0], summary.confusions[0]["predicted"]
         (1, {'class': 5, 'property': 'noise', 'share': 1.0}, 6)
     """
-    names = list(properties)
-    count = targets.shape[0] if targets.ndim == 2 else -1
-    for name, tensor, shape in (
-        ("targets", targets, (count, 2)),
-        ("predictions", predictions, (count, 2)),
-        ("property_index", property_index, (count,)),
-        ("level", level, (count,)),
-    ):
-        if tuple(tensor.shape) != shape or count < 0:
-            raise ValueError(f"{name}: expected shape {shape if count >= 0 else '(M, 2)'}, got {tuple(tensor.shape)}")
-    if count and (property_index.min() < 0 or property_index.max() >= len(names)):
-        raise ValueError(f"property_index: expected indices into {names}")
+    names = [getattr(p, "name", p) for p in properties] if isinstance(properties, Sequence) else None
+    if not names or not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
+        raise ValueError(f"properties: expected distinct property names, got {properties!r}")
+    num_classes = positive_int("num_classes", num_classes, minimum=2)
+    _check_combine(combine, num_classes)
+    for name, tensor in (("targets", targets), ("predictions", predictions)):
+        if not isinstance(tensor, Tensor) or tensor.ndim != 2 or tensor.shape[1] != 2:
+            shape = tuple(tensor.shape) if isinstance(tensor, Tensor) else type(tensor).__name__
+            raise ValueError(f"{name}: expected shape (M, 2), got {shape}")
+    count = targets.shape[0]
+    if predictions.shape[0] != count:
+        raise ValueError(f"predictions: expected shape ({count}, 2), got {tuple(predictions.shape)}")
+    for name, tensor in (("property_index", property_index), ("level", level)):
+        if (
+            not isinstance(tensor, Tensor)
+            or tensor.shape != (count,)
+            or tensor.is_floating_point()
+            or tensor.is_complex()
+            or tensor.dtype == torch.bool
+        ):
+            got = f"{tensor.dtype} {tuple(tensor.shape)}" if isinstance(tensor, Tensor) else type(tensor).__name__
+            raise ValueError(f"{name}: expected integer indices of shape ({count},), got {got}")
+    check_labels("targets", targets.flatten(), num_classes=num_classes)
+    check_labels("predictions", predictions.flatten(), num_classes=num_classes)
+    if count and (int(property_index.min()) < 0 or int(property_index.max()) >= len(names)):
+        raise ValueError(
+            f"property_index: expected indices into {names}, got values in "
+            f"[{int(property_index.min())}, {int(property_index.max())}]"
+        )
+    if count and int(level.min()) < 0:
+        raise ValueError(f"level: expected severity level indices >= 0, got {int(level.min())}")
     targets, predictions = targets.long().cpu(), predictions.long().cpu()
     property_index, level = property_index.long().cpu(), level.long().cpu()
 
-    failed = combine(predictions[:, 0], predictions[:, 1]) != combine(targets[:, 0], targets[:, 1])
+    predicted, true = combine(predictions[:, 0], predictions[:, 1]), combine(targets[:, 0], targets[:, 1])
+    if not all(isinstance(c, Tensor) and c.shape == (count,) for c in (predicted, true)):
+        raise ValueError(f"combine: expected one combined label per pair ({count},)")
+    failed = predicted != true
     wrong = predictions != targets  # (M, 2): which input of each pair was mispredicted
     # per input: class x property mispredictions over all pairs
     cell = targets * len(names) + property_index.unsqueeze(1)

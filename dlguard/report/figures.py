@@ -1,18 +1,26 @@
-"""matplotlib figures shared by the demo, callbacks and recipes."""
+"""matplotlib figures shared by the demo, callbacks and recipes.
+
+Every figure is built with matplotlib's object-oriented API (:class:`~matplotlib.figure.Figure`,
+``figure.subplots``), never through ``pyplot``: no backend is chosen or switched, and no figure is
+registered in pyplot's global state, so nothing needs closing. ``figure.savefig`` writes files
+without a backend, and :func:`~dlguard.report.log_figure` sends figures to W&B.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from numbers import Real
 from typing import TYPE_CHECKING, Any
 
 import matplotlib
-
-matplotlib.use("Agg")  # figures are written to files or W&B, never shown on a screen
-
-import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.figure import Figure
+import torch
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure, SubFigure
 from torch import Tensor
+
+from dlguard._validation import positive_int
 
 if TYPE_CHECKING:
     from dlguard.metrics.functional.dscore import DScoreResult
@@ -26,6 +34,22 @@ __all__ = [
 ]
 
 
+def _given_axes(ax: Any, count: int, what: str) -> list[Axes]:
+    """``ax`` as a list of ``count`` matplotlib ``Axes`` of one figure (one ``Axes`` when ``count`` is 1)."""
+    axes = [ax] if isinstance(ax, Axes) else ax
+    if isinstance(axes, np.ndarray):
+        axes = list(axes.flat)
+    if (
+        not isinstance(axes, Sequence)
+        or len(axes) != count
+        or not all(isinstance(a, Axes) for a in axes)
+        or len({id(a.figure) for a in axes}) != 1
+    ):
+        expected = "one matplotlib Axes" if count == 1 else f"a sequence of {count} matplotlib Axes of one figure"
+        raise ValueError(f"ax: expected {expected} ({what}), got {ax!r}")
+    return list(axes)
+
+
 def plot_training_curves(history: Sequence[Mapping[str, float]]) -> Figure:
     """Plot per-epoch scalars: losses on the left axis, ``*acc*`` values on the right one.
 
@@ -37,11 +61,16 @@ def plot_training_curves(history: Sequence[Mapping[str, float]]) -> Figure:
         >>> [line.get_label() for line in fig.axes[1].get_lines()]
         ['val_acc']
     """
-    figure, loss_axis = plt.subplots(figsize=(6, 3.5))
+    if isinstance(history, Mapping | str) or not isinstance(history, Sequence):
+        raise ValueError(f"history: expected a sequence of per-epoch mappings, got {type(history).__name__}")
+    if not all(isinstance(row, Mapping) for row in history):
+        raise ValueError("history: expected one mapping of scalars per epoch")
+    figure = Figure(figsize=(6, 3.5), layout="tight")  # constrained layout collapses under a long legend
+    loss_axis = figure.subplots()
     acc_axis = loss_axis.twinx()
     epochs = [row.get("epoch", i) for i, row in enumerate(history)]
     keys = sorted({key for row in history for key in row if key != "epoch"})
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colours = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     for index, key in enumerate(keys):
         points = [(e, row[key]) for e, row in zip(epochs, history, strict=True) if key in row]
         is_accuracy = "acc" in key
@@ -59,12 +88,11 @@ def plot_training_curves(history: Sequence[Mapping[str, float]]) -> Figure:
     acc_axis.set_ylabel("accuracy")
     handles = loss_axis.get_lines() + acc_axis.get_lines()
     loss_axis.legend(handles, [h.get_label() for h in handles], loc="center right")
-    figure.tight_layout()
     return figure
 
 
 def plot_image_grid(images: Tensor, captions: Sequence[str], columns: int = 8) -> Figure:
-    """Show images ``(N, C, H, W)`` in ``[0, 1]`` in a grid, each with its caption.
+    """Show images ``(N, C, H, W)`` in ``[0, 1]`` (``C`` of 1, 3 or 4) in a grid, each with its caption.
 
     Example:
         >>> import torch
@@ -72,22 +100,41 @@ def plot_image_grid(images: Tensor, captions: Sequence[str], columns: int = 8) -
         >>> len([ax for ax in fig.axes if ax.get_title()])
         3
     """
+    if not isinstance(images, Tensor) or images.ndim != 4 or images.shape[1] not in (1, 3, 4):
+        shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
+        raise ValueError(f"images: expected a tensor (N, C, H, W) with C of 1, 3 or 4, got {shape}")
+    if isinstance(captions, str) or not isinstance(captions, Sequence) or len(captions) != len(images):
+        count = len(captions) if isinstance(captions, Sequence) else type(captions).__name__
+        raise ValueError(f"captions: expected one caption per image ({len(images)}), got {count}")
+    columns = positive_int("columns", columns)
     count = max(len(images), 1)
     columns = min(columns, count)
     rows = (count + columns - 1) // columns
-    figure, axes = plt.subplots(rows, columns, figsize=(1.4 * columns, 1.6 * rows), squeeze=False)
+    figure = Figure(figsize=(1.4 * columns, 1.6 * rows), layout="tight")
+    axes = figure.subplots(rows, columns, squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     for ax, image, caption in zip(axes.flat, images, captions, strict=False):
         pixels = image.detach().float().cpu().clamp(0, 1).permute(1, 2, 0).numpy()
         ax.imshow(pixels.squeeze(-1) if pixels.shape[-1] == 1 else pixels, cmap="gray", vmin=0, vmax=1)
         ax.set_title(caption, fontsize=8)
-    figure.tight_layout()
     return figure
 
 
-def plot_dscore_heatmaps(result: DScoreResult, title: str | None = None) -> Figure:
+def plot_dscore_heatmaps(
+    result: DScoreResult, title: str | None = None, ax: Sequence[Axes] | None = None
+) -> Figure | SubFigure:
     """Feature distribution ``f̃`` and attention distribution ``ã`` as ``n x n`` heatmaps.
+
+    Args:
+        result: a :class:`~dlguard.metrics.functional.DScoreResult`.
+        title: the figure's title (default: D-Score, ``v_robust`` and ``v_fitness``); with ``ax``
+            a title is set only when given.
+        ax: two matplotlib ``Axes`` of one figure (feature, attention) to draw into; a colour bar
+            takes room beside them.
+
+    Returns:
+        The figure drawn into (the ``SubFigure`` when ``ax`` belongs to one).
 
     Example:
         >>> from dlguard.metrics.functional import d_score
@@ -95,18 +142,40 @@ def plot_dscore_heatmaps(result: DScoreResult, title: str | None = None) -> Figu
         >>> [ax.get_title() for ax in fig.axes[:2]]
         ['feature distribution f̃', 'attention distribution ã']
     """
-    cells = result.feature_distribution.numel()
-    n = round(cells**0.5)
-    figure, axes = plt.subplots(1, 2, figsize=(7, 3.2), layout="constrained")
-    top = float(max(result.feature_distribution.max(), result.attention_distribution.max()))
-    for ax, values, name in (
-        (axes[0], result.feature_distribution, "feature distribution f̃"),
-        (axes[1], result.attention_distribution, "attention distribution ã"),
+    return _dscore_heatmaps(result, title, ax)[0]
+
+
+def _dscore_heatmaps(
+    result: DScoreResult, title: str | None = None, ax: Sequence[Axes] | None = None
+) -> tuple[Figure | SubFigure, list[Axes]]:
+    """:func:`plot_dscore_heatmaps`, also returning the two heatmap axes."""
+    distributions = [getattr(result, name, None) for name in ("feature_distribution", "attention_distribution")]
+    if not all(isinstance(d, Tensor) for d in distributions) or distributions[0].shape != distributions[1].shape:
+        raise ValueError(f"result: expected a DScoreResult, got {type(result).__name__}")
+    cells = distributions[0].numel()
+    n = math.isqrt(cells)
+    if n * n != cells or n < 2:
+        raise ValueError(f"result: expected n² cells per distribution with n >= 2, got {cells}")
+    if ax is None:
+        figure: Figure | SubFigure = Figure(figsize=(7, 3.2), layout="constrained")
+        axes = list(figure.subplots(1, 2))
+        if title is None:
+            title = (
+                f"D-Score {float(result.d_score):.4f}   v_robust {float(result.v_robust):.4f}   "
+                f"v_fitness {float(result.v_fitness):.4f}"
+            )
+    else:
+        axes = _given_axes(ax, 2, "feature and attention heatmaps")
+        figure = axes[0].figure
+    top = float(max(distributions[0].max(), distributions[1].max()))
+    for axis, values, name in (
+        (axes[0], distributions[0], "feature distribution f̃"),
+        (axes[1], distributions[1], "attention distribution ã"),
     ):
         grid = values.detach().double().cpu().reshape(n, n).numpy()
-        image = ax.imshow(grid, cmap="viridis", vmin=0, vmax=top)
+        image = axis.imshow(grid, cmap="viridis", vmin=0, vmax=top)
         for (row, col), value in np.ndenumerate(grid):
-            ax.text(
+            axis.text(
                 col,
                 row,
                 f"{value:.3f}",
@@ -115,17 +184,13 @@ def plot_dscore_heatmaps(result: DScoreResult, title: str | None = None) -> Figu
                 fontsize=8,
                 color="white" if value < top / 2 else "black",
             )
-        ax.set_title(name)
-        ax.set_xticks([])
-        ax.set_yticks([])
-    figure.colorbar(image, ax=list(axes), shrink=0.8)
-    figure.suptitle(
-        title
-        or f"D-Score {float(result.d_score):.4f}   v_robust {float(result.v_robust):.4f}   "
-        f"v_fitness {float(result.v_fitness):.4f}",
-        fontsize=9,
-    )
-    return figure
+        axis.set_title(name)
+        axis.set_xticks([])
+        axis.set_yticks([])
+    figure.colorbar(image, ax=axes, shrink=0.8)
+    if title is not None:
+        figure.suptitle(title, fontsize=9)
+    return figure, axes
 
 
 def plot_coverage_by_layer(per_layer: Mapping[str, Mapping[str, float]]) -> Figure:
@@ -139,9 +204,18 @@ def plot_coverage_by_layer(per_layer: Mapping[str, Mapping[str, float]]) -> Figu
         >>> [t.get_text() for t in fig.axes[0].get_xticklabels()]
         ['conv1', 'fc']
     """
+    if not isinstance(per_layer, Mapping) or not all(isinstance(v, Mapping) for v in per_layer.values()):
+        raise ValueError(f"per_layer: expected {{criterion: {{layer: coverage}}}}, got {type(per_layer).__name__}")
     criteria = list(per_layer)
     layers = list(next(iter(per_layer.values()))) if criteria else []
-    figure, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(layers) + 2), 3.4), layout="constrained")
+    for criterion in criteria:
+        if list(per_layer[criterion]) != layers:
+            raise ValueError(
+                f"per_layer: expected the same layers under every criterion, got {list(per_layer[criterion])} "
+                f"under {criterion!r} and {layers} under {criteria[0]!r}"
+            )
+    figure = Figure(figsize=(max(4.0, 0.9 * len(layers) + 2), 3.4), layout="constrained")
+    ax = figure.subplots()
     width = 0.8 / max(len(criteria), 1)
     for index, criterion in enumerate(criteria):
         positions = [i + (index - (len(criteria) - 1) / 2) * width for i in range(len(layers))]
@@ -156,35 +230,106 @@ def plot_coverage_by_layer(per_layer: Mapping[str, Mapping[str, float]]) -> Figu
 def plot_robustness_curves(
     curves: Mapping[str, Tensor | Sequence[float]],
     levels: Mapping[str, Sequence[float]] | None = None,
-    ax: Any = None,
+    ax: Axes | Sequence[Axes] | None = None,
     title: str | None = None,
-) -> Figure:
-    """Robustness curves: accuracy against severity, one line per property.
+) -> Figure | SubFigure:
+    """Robustness curves: accuracy against severity.
+
+    Without ``levels``, one panel: a line per property against the severity index ``1..L``.
+    With ``levels`` (each property's own severity values: ``σ``, ``θ`` and ``β`` are different
+    units), one panel per property, its accuracy against its level values, the x axis labelled
+    with the property's name; a property missing from ``levels`` keeps the severity index.
 
     Args:
         curves: ``{property: accuracy per level}``.
-        levels: ``{property: severity values}``; their range goes into the legend.
-        ax: draw into these axes instead of a new figure.
-        title: axes title.
+        levels: ``{property: severity values}``, as many as that property's accuracies.
+        ax: draw into these axes instead of a new figure: one ``Axes`` for one panel, else a
+            sequence of ``Axes``, one per property in ``curves``' order.
+        title: the title of the single panel, or of the figure when there are several panels.
+
+    Returns:
+        The figure drawn into (the ``SubFigure`` when ``ax`` belongs to one).
 
     Example:
         >>> fig = plot_robustness_curves({"noise": [0.99, 0.9, 0.6], "rotation": [0.98, 0.8, 0.5]})
         >>> [line.get_label() for line in fig.axes[0].get_lines()]
         ['noise', 'rotation']
+        >>> fig = plot_robustness_curves({"noise": [0.9, 0.6], "rotation": [0.8, 0.5]},
+        ...                              {"noise": [0.05, 0.1], "rotation": [10, 20]})
+        >>> [(ax.get_xlabel(), [float(x) for x in ax.get_lines()[0].get_xdata()]) for ax in fig.axes]
+        [('noise', [0.05, 0.1]), ('rotation', [10.0, 20.0])]
     """
+    return _robustness_curves(curves, levels, ax, title)[0]
+
+
+def _curve_values(name: str, values: Tensor | Sequence[float]) -> list[float]:
+    try:
+        points = torch.as_tensor(values, dtype=torch.float64).detach().cpu().reshape(-1).tolist()
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"curves: expected accuracies per level for {name!r}, got {type(values).__name__}") from None
+    if not points:
+        raise ValueError(f"curves: expected at least one accuracy for {name!r}")
+    return points
+
+
+def _level_values(name: str, values: Sequence[float], count: int) -> list[float]:
+    if isinstance(values, Tensor):
+        values = values.detach().cpu().reshape(-1).tolist()
+    if (
+        isinstance(values, str)
+        or not isinstance(values, Sequence)
+        or not all(isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(v) for v in values)
+    ):
+        raise ValueError(f"levels: expected finite severity values for {name!r}, got {values!r}")
+    if len(values) != count:
+        raise ValueError(f"levels: expected {count} severity values for {name!r} (one per accuracy), got {len(values)}")
+    return [float(v) for v in values]
+
+
+def _robustness_curves(
+    curves: Mapping[str, Tensor | Sequence[float]],
+    levels: Mapping[str, Sequence[float]] | None = None,
+    ax: Axes | Sequence[Axes] | None = None,
+    title: str | None = None,
+) -> tuple[Figure | SubFigure, list[Axes]]:
+    """:func:`plot_robustness_curves`, also returning its panels."""
+    if not isinstance(curves, Mapping) or not curves:
+        raise ValueError(f"curves: expected a non-empty {{property: accuracies}}, got {curves!r}")
+    if levels is not None and not isinstance(levels, Mapping):
+        raise ValueError(f"levels: expected None or {{property: severity values}}, got {type(levels).__name__}")
+    points = {name: _curve_values(name, values) for name, values in curves.items()}
+    if levels is not None:
+        unknown = [name for name in levels if name not in points]
+        if unknown:
+            raise ValueError(f"levels: properties {unknown} have no curve; curves are {list(points)}")
+        xs = {
+            name: _level_values(name, levels[name], len(ys)) if name in levels else None for name, ys in points.items()
+        }
+    panels = 1 if levels is None else len(points)
     if ax is None:
-        _, ax = plt.subplots(figsize=(5.5, 3.4), layout="constrained")
-    for name, values in curves.items():
-        ys = [float(v) for v in values]
-        label = name
-        if levels and name in levels:  # the severity range in the legend: "rotation (5-45)"
-            label = f"{name} ({levels[name][0]:g}–{levels[name][-1]:g})"
-        ax.plot(range(1, len(ys) + 1), ys, marker="o", label=label)
-    ax.set_xlabel("severity level")
-    ax.set_ylabel("accuracy")
-    ax.set_ylim(0, 1.02)
-    ax.set_xticks(range(1, 1 + max((len(list(v)) for v in curves.values()), default=1)))
-    ax.legend(fontsize=8)
+        size = (5.5, 3.4) if panels == 1 else (3.2 * panels + 0.4, 3.2)
+        figure: Figure | SubFigure = Figure(figsize=size, layout="constrained")
+        axes = list(np.atleast_1d(figure.subplots(1, panels, sharey=True)))
+    else:
+        axes = _given_axes(ax, panels, "one per property" if panels > 1 else "one panel")
+        figure = axes[0].figure
+    if levels is None:
+        axis = axes[0]
+        for name, ys in points.items():
+            axis.plot(range(1, len(ys) + 1), ys, marker="o", label=name)
+        axis.set_xlabel("severity level")
+        axis.set_xticks(range(1, 1 + max(len(ys) for ys in points.values())))
+        axis.legend(fontsize=8)
+    else:
+        for axis, (name, ys) in zip(axes, points.items(), strict=True):
+            x = xs[name] if xs[name] is not None else list(range(1, len(ys) + 1))
+            axis.plot(x, ys, marker="o", label=name)
+            axis.set_xlabel(name if xs[name] is not None else f"{name} (severity level)")
+            if xs[name] is None:
+                axis.set_xticks(x)
+    for axis in axes:
+        axis.set_ylim(0, 1.02)
+    axes[0].set_ylabel("accuracy")
     if title:
-        ax.set_title(title)
-    return ax.figure
+        (axes[0].set_title if panels == 1 else figure.suptitle)(title)
+    return figure, axes

@@ -18,6 +18,7 @@ from dlguard.metrics.functional import (
     k_multisection_coverage,
     neuron_boundary_coverage,
     neuron_coverage,
+    neuron_values,
     output_impartiality,
     strong_neuron_activation_coverage,
     top_k_neuron_coverage,
@@ -228,3 +229,96 @@ def test_bad_updates() -> None:
         metric.update({"a": torch.rand(2, 4), "b": torch.rand(2, 2)})
     with pytest.raises(ValueError, match="missing \\['b'\\]"):
         metric.update({"a": torch.rand(2, 3)})
+
+
+def nan_activations() -> dict[str, torch.Tensor]:
+    """A conv and a linear layer; one conv position of input 1 is NaN (a planted defect)."""
+    gen = torch.Generator().manual_seed(4)
+    conv, fc = torch.rand(3, 2, 4, 4, generator=gen), torch.rand(3, 5, generator=gen)
+    conv[1, 0, 2, 3] = float("nan")
+    return {"conv": conv, "fc": fc}
+
+
+def unit_ranges() -> dict[str, NeuronRange]:
+    return {"conv": NeuronRange(torch.zeros(2), torch.ones(2)), "fc": NeuronRange(torch.zeros(5), torch.ones(5))}
+
+
+@pytest.mark.parametrize(
+    "measure",
+    [
+        lambda acts: neuron_coverage(acts, 0.2),
+        lambda acts: k_multisection_coverage(acts, unit_ranges(), k=3),
+        lambda acts: neuron_boundary_coverage(acts, unit_ranges()),
+        lambda acts: strong_neuron_activation_coverage(acts, unit_ranges()),
+        lambda acts: top_k_neuron_coverage(acts, k=1),  # NaN used to win every top-k
+    ],
+)
+def test_functional_criteria_refuse_nan(measure) -> None:
+    with pytest.raises(ValueError, match="activations: contains NaN"):
+        measure(nan_activations())
+    assert 0.0 <= float(measure({k: v.nan_to_num() for k, v in nan_activations().items()})) <= 1.0
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: NeuronCoverage({"conv": 2, "fc": 5}),  # scales each input: NaN must survive the scaling
+        lambda: NeuronCoverage({"conv": 2, "fc": 5}, scale=False),
+        lambda: KMultisectionCoverage(unit_ranges(), k=3),
+        lambda: NeuronBoundaryCoverage(unit_ranges()),
+        lambda: StrongNeuronActivationCoverage(unit_ranges()),
+        lambda: TopKNeuronCoverage({"conv": 2, "fc": 5}, k=1),
+    ],
+)
+def test_metrics_refuse_nan_with_one_check_per_update(make, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dlguard.metrics.coverage as module
+
+    metric = make()
+    with pytest.raises(ValueError, match="activations: contains NaN"):
+        metric.update(nan_activations())
+    assert all(int(getattr(metric, state).sum()) == 0 for state in metric._states)  # nothing was counted
+    checked = []
+    original = module._check_finite_values
+    monkeypatch.setattr(module, "_check_finite_values", lambda v: checked.append(v.shape) or original(v))
+    metric.update({k: v.nan_to_num() for k, v in nan_activations().items()})
+    assert checked == [(3, 7)]  # once, on both layers side by side
+
+
+def test_half_precision_channel_means_accumulate_in_float32() -> None:
+    # the mean of 1 and 1 + 2^-7 (both exact in bfloat16) is 1 + 2^-8, which bfloat16 cannot hold
+    conv = torch.tensor([1.0, 1.0078125]).reshape(1, 1, 1, 2)
+    for dtype in (torch.bfloat16, torch.float16):
+        values = neuron_values(conv.to(dtype))
+        assert values.dtype == torch.float32 and values.item() == 1.00390625
+        assert neuron_values(torch.ones(2, 3, dtype=dtype)).dtype == torch.float32
+    assert neuron_values(conv.double()).dtype == torch.float64
+    metric = TopKNeuronCoverage({"conv": 2}, k=1)
+    metric.update({"conv": torch.rand(4, 2, 3, 3).to(torch.bfloat16)})
+    assert float(metric.compute()) > 0
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: neuron_coverage({}), "activations: expected a non-empty"),
+        (lambda: neuron_coverage({"a": torch.rand(2, 3), "b": torch.rand(3, 3)}), "batch sizes"),
+        (lambda: neuron_values([1.0, 2.0]), "activations: expected a tensor"),
+        (lambda: k_multisection_coverage({"a": torch.rand(2, 3)}, {}, k=2), r"ranges: .* missing \['a'\]"),
+        (lambda: neuron_boundary_coverage({"a": torch.rand(2, 3)}, unit_ranges() | {"a": (1, 2)}), "needs low and"),
+        (lambda: strong_neuron_activation_coverage({"fc": torch.rand(2, 3)}, unit_ranges()), "'fc' has 5 neurons"),
+        (lambda: top_k_neuron_coverage({"a": torch.rand(2, 3)}, k=1.5), "k: expected an integer"),
+        (lambda: neuron_coverage({"a": torch.rand(2, 3)}, threshold=float("nan")), "threshold: expected a value"),
+        (lambda: output_impartiality(torch.tensor([0.0, 1.5]), 4), "preds: expected integer class labels"),
+        (lambda: output_impartiality(torch.tensor([0, 4]), 4), r"preds: expected labels in \[0, 4\)"),
+        (lambda: output_impartiality(torch.rand(2, 3), 4), r"preds: expected logits \(B, 4\)"),
+        (lambda: OutputImpartiality(num_classes=1), "num_classes: expected an integer of at least 2"),
+        (lambda: NeuronCoverage({"a": 0}), r"layer_sizes\['a'\]: expected an integer of at least 1"),
+        (lambda: NeuronCoverage({"a": 2}).update([torch.rand(2, 2)]), "activations: expected {layer: output}"),
+        (lambda: NeuronCoverage({"a": 2, "b": 1}).update({"a": torch.rand(2, 2), "b": torch.rand(3, 1)}), "batch"),
+        (lambda: KMultisectionCoverage({"a": 3}), "ranges: layer 'a' needs a NeuronRange"),
+        (lambda: KMultisectionCoverage({"a": torch.zeros(2)}), "ranges: layer 'a' needs low and high"),
+    ],
+)
+def test_bad_input_names_the_argument(call, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        call()

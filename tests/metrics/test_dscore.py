@@ -111,7 +111,7 @@ def test_metric_rejects_bad_shapes_and_empty_state() -> None:
     metric = DScore(n=2, num_classes=5)
     with pytest.raises(ValueError, match="mutant_logits: expected n² = 4 mutants, got 9"):
         metric.update(baseline, mutants, translated, target)
-    with pytest.raises(ValueError, match="target: expected shape \\(40,\\)"):
+    with pytest.raises(ValueError, match="target: expected labels of shape \\(40,\\)"):
         DScore(n=3, num_classes=5).update(baseline, mutants, translated, target[:3])
     with pytest.raises(ValueError, match="no probe inputs"):
         metric.compute()
@@ -124,3 +124,89 @@ def test_plot_draws_two_n_by_n_heatmaps() -> None:
     metric.update(*random_logits(2))
     _, axes = metric.plot()
     assert axes[0].images[0].get_array().shape == (3, 3) and axes[1].images[0].get_array().shape == (3, 3)
+
+
+def test_plot_draws_into_the_given_axes() -> None:
+    from matplotlib.figure import Figure
+
+    metric = DScore(n=2, num_classes=5)
+    baseline, mutants, translated, target = random_logits(3, n=2)
+    metric.update(baseline, mutants, translated, target)
+    result = metric.compute()
+    figure = Figure()
+    given = figure.subplots(2, 2).flat  # draw into the bottom row of a larger figure
+    bottom = [given[2], given[3]]
+    got_figure, got_axes = metric.plot(result, ax=bottom)
+    assert got_figure is figure and list(got_axes) == bottom
+    torch.testing.assert_close(
+        torch.as_tensor(bottom[0].images[0].get_array()).flatten(), result.feature_distribution, check_dtype=False
+    )
+    torch.testing.assert_close(
+        torch.as_tensor(bottom[1].images[0].get_array()).flatten(), result.attention_distribution, check_dtype=False
+    )
+    assert not given[0].images and not given[1].images
+    with pytest.raises(ValueError, match="ax: expected a sequence of 2 matplotlib Axes"):
+        metric.plot(result, ax=given[0])
+    with pytest.raises(ValueError, match="ax: expected a sequence of 2 matplotlib Axes of one figure"):
+        metric.plot(result, ax=[given[0], Figure().subplots()])
+
+
+def test_update_rejects_labels_outside_the_logits() -> None:
+    baseline, mutants, translated, target = random_logits(4)  # K = 5
+    for bad in (torch.where(target == 0, 5, target), torch.where(target == 0, -1, target)):
+        metric = DScore(n=3, num_classes=5)
+        with pytest.raises(ValueError, match=r"target: expected labels in \[0, 5\)"):
+            metric.update(baseline, mutants, translated, bad)
+        assert int(metric.total) == 0  # refused before anything was counted
+    with pytest.raises(ValueError, match="target: expected integer class labels"):
+        DScore(n=3, num_classes=5).update(baseline, mutants, translated, target.float())
+
+
+@pytest.mark.parametrize("num_classes", [3, 10])
+def test_update_rejects_logits_of_another_width(num_classes: int) -> None:
+    # a smaller num_classes used to change g(n), and so the guide's p, without a word
+    metric = DScore(n=3, num_classes=num_classes)
+    with pytest.raises(ValueError, match=f"num_classes: is {num_classes} but the logits have 5 classes"):
+        metric.update(*random_logits(5))
+
+
+def test_result_carries_the_accuracies_it_was_computed_from() -> None:
+    deletion, translation = [0.8, 0.6, 0.7, 0.7], [0.2, 0.2, 0.4, 0.2]
+    result = d_score(0.8, deletion, translation, num_classes=2)
+    assert result._fields[-3:] == ("baseline_accuracy", "deletion_accuracy", "translation_accuracy")
+    assert result.baseline_accuracy.shape == () and result.baseline_accuracy.dtype == torch.float64
+    assert float(result.baseline_accuracy) == 0.8
+    torch.testing.assert_close(result.deletion_accuracy, torch.tensor(deletion, dtype=torch.float64))
+    torch.testing.assert_close(result.translation_accuracy, torch.tensor(translation, dtype=torch.float64))
+
+    baseline, mutants, translated, target = random_logits(6)
+    metric = DScore(n=3, num_classes=5)
+    metric.update(baseline, mutants, translated, target)
+    got = metric.compute()
+    assert float(got.baseline_accuracy) == pytest.approx(float((baseline.argmax(1) == target).double().mean()))
+    expected = [float((m.argmax(1) == target).double().mean()) for m in mutants]
+    assert got.deletion_accuracy.tolist() == pytest.approx(expected)
+    expected = [float((m.argmax(1) == target).double().mean()) for m in translated]
+    assert got.translation_accuracy.tolist() == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: g_bound(3, 1), "num_classes: expected an integer of at least 2"),
+        (lambda: g_bound(3, 2.5), "num_classes: expected an integer"),
+        (lambda: d_score("high", [0.5] * 4, [0.5] * 4, 10), "baseline_accuracy: expected accuracies"),
+        (
+            lambda: d_score(True, [0.5] * 4, [0.5] * 4, 10),
+            "baseline_accuracy: expected accuracies in \\[0, 1\\], got bool",
+        ),
+        (lambda: DScore(n=3, num_classes=5).update([0.0], None, None, None), "baseline_logits: expected a tensor"),
+        (
+            lambda: DScore(n=3, num_classes=5).update(torch.zeros(2, 5), [0.0], torch.zeros(9, 2, 5), torch.ones(2)),
+            "mutant_logits: expected a tensor",
+        ),
+    ],
+)
+def test_bad_arguments_name_themselves(call, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        call()

@@ -6,10 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlguard.callbacks import DScoreCallback
-from dlguard.data import MNISTDataModule
 from dlguard.metrics import DScore
-from dlguard.zoo import ClassifierModule, pretrained
 from tests.metrics.test_dscore import random_logits
 from tests.quick import quick_trainer, run_on_two_processes
 
@@ -20,7 +17,7 @@ def _shard_result(rank: int, world: int) -> dict:
     shard = slice(rank, None, world)  # each rank its own shard, uneven sizes
     metric.update(baseline[shard], mutants[:, shard], translated[:, shard], target[shard])
     result = metric.compute()
-    return {"result": result._asdict(), "total": metric.total}
+    return {"result": result._asdict(), "total": metric.total, "baseline_correct": metric.baseline_correct}
 
 
 @pytest.mark.ddp
@@ -32,11 +29,23 @@ def test_two_processes_equal_one(tmp_path: Path) -> None:
     assert int(reduced["total"]) == 20  # compute() syncs, then restores each rank's own shard
     for name, value in expected._asdict().items():
         torch.testing.assert_close(reduced["result"][name], value)
+    # the result keeps the accuracies over both shards, which the restored states no longer hold
+    baseline, mutants, _, target = random_logits(0)
+    correct = baseline.argmax(1) == target
+    assert int(reduced["baseline_correct"]) == int(correct[0::2].sum())
+    assert float(reduced["result"]["baseline_accuracy"]) == pytest.approx(float(correct.double().mean()))
+    assert float(reduced["result"]["baseline_accuracy"]) != pytest.approx(int(correct[0::2].sum()) / 20)
+    expected_deletion = [float((m.argmax(1) == target).double().mean()) for m in mutants]
+    assert reduced["result"]["deletion_accuracy"].tolist() == pytest.approx(expected_deletion)
 
 
 @pytest.mark.ddp
 @pytest.mark.slow
 def test_callback_under_ddp_spawn(tmp_path: Path) -> None:
+    from dlguard.callbacks import DScoreCallback  # imported here: the metric tests above need no callback
+    from dlguard.data import MNISTDataModule
+    from dlguard.zoo import ClassifierModule, pretrained
+
     trainer = quick_trainer(
         tmp_path,
         [DScoreCallback(n=2, probe_size=64)],

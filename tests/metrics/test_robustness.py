@@ -91,7 +91,7 @@ def test_bad_input() -> None:
         metric.update(logits, target, "fog")
     with pytest.raises(ValueError, match="logits: expected 3 levels"):
         metric.update(logits[:2], target, "noise")
-    with pytest.raises(ValueError, match=r"target: expected labels in 0\.\.1"):
+    with pytest.raises(ValueError, match=r"target: expected labels in \[0, 2\)"):
         metric.update(logits, target + 1, "noise")
     with pytest.raises(ValueError, match="no inputs were added"):
         metric.compute()
@@ -100,3 +100,73 @@ def test_bad_input() -> None:
     adder = AdderGlobalRobustness(num_classes=10, properties=["noise"], levels=2)
     with pytest.raises(ValueError, match=r"level: expected an index in 0\.\.1"):
         adder.update((torch.tensor([1]), torch.tensor([2])), (torch.tensor([1]), torch.tensor([2])), "noise", 2)
+
+
+def test_adder_rejects_labels_outside_the_classes() -> None:
+    good = torch.tensor([1, 2])
+    for preds, targets, name in (
+        ((torch.tensor([1, 10]), good), (good, good), r"preds\[0\]"),
+        ((good, good), (good, torch.tensor([-1, 2])), r"targets\[1\]"),
+    ):
+        with pytest.raises(ValueError, match=name + r": expected labels in \[0, 10\)"):
+            adder_global_robustness(preds, targets, 10)
+        metric = AdderGlobalRobustness(num_classes=10, properties=["noise"], levels=1)
+        with pytest.raises(ValueError, match=name + r": expected labels in \[0, 10\)"):
+            metric.update(preds, targets, "noise", 0)
+        assert int(metric.total.sum()) == 0
+    with pytest.raises(ValueError, match=r"preds\[1\]: expected labels of shape \(2,\)"):
+        adder_global_robustness((good, torch.tensor([1])), (good, good), 10)
+    with pytest.raises(ValueError, match="preds: expected two label tensors"):
+        adder_global_robustness(good, (good, good), 10)
+    with pytest.raises(ValueError, match=r"preds\[0\]: expected integer class labels"):
+        adder_global_robustness((good.float(), good), (good, good), 10)
+    with pytest.raises(ValueError, match=r"level: expected an index in 0\.\.0"):
+        AdderGlobalRobustness(num_classes=10, properties=["noise"], levels=1).update(
+            (good, good), (good, good), "noise", 0.5
+        )
+
+
+def test_digit_sum_needs_ten_classes() -> None:
+    pairs = (torch.tensor([0, 1, 1]), torch.tensor([1, 0, 1])), (torch.tensor([1, 0, 0]), torch.tensor([0, 1, 1]))
+    with pytest.raises(ValueError, match=r"combine: the default digit_sum .* num_classes is 2; pass a combine"):
+        AdderGlobalRobustness(num_classes=2, properties=["noise"], levels=1)
+    with pytest.raises(ValueError, match="combine: the default digit_sum"):
+        adder_global_robustness(*pairs, num_classes=2)
+    # a combine that fits the labels: here "are both inputs of the same class" (1 = yes)
+    same = lambda a, b: (a == b).long()  # noqa: E731
+    overall, per_pair = adder_global_robustness(*pairs, num_classes=2, combine=same)
+    assert float(overall) == pytest.approx(2 / 3)  # pairs (0,1)->(1,0): 0=0; (1,0)->(0,1): 0=0; (1,1)->(0,1): 1!=0
+    assert float(per_pair[1, 0]) == 1.0 and float(per_pair[0, 1]) == 0.5 and torch.isnan(per_pair[0, 0])
+    metric = AdderGlobalRobustness(num_classes=2, properties=["noise"], levels=1, combine=same)
+    metric.update(*pairs, "noise", 0)
+    assert float(metric.compute()["noise"][0]) == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="combine: expected a callable"):
+        AdderGlobalRobustness(num_classes=10, properties=["noise"], levels=1, combine="sum")
+
+
+def test_local_robustness_keeps_level_values_and_plots_them() -> None:
+    from matplotlib.figure import Figure
+
+    logits, target, prop = brightness_sweep()
+    noise = Property("noise", brightness_scale, (0.05, 0.1))  # fewer values than levels: padded by sweeps
+    metric = LocalRobustness(num_classes=2, properties=[prop, noise], levels=3)
+    assert metric.level_values == {"brightness": (1.0, 1.5, 2.5), "noise": (0.05, 0.1)}
+    metric.update(logits, target, prop)  # a Property object names itself
+    metric.update(logits, target, "noise")
+    figure, axes = metric.plot()
+    assert len(axes) == 2 and [ax.get_xlabel() for ax in axes] == ["brightness", "noise"]
+    assert list(axes[0].get_lines()[0].get_xdata()) == [1.0, 1.5, 2.5]
+    assert list(axes[0].get_lines()[0].get_ydata()) == [1.0, 1.0, 0.5]
+    assert list(axes[1].get_lines()[0].get_xdata()) == [0.05, 0.1]  # the padded third level is not drawn
+    given = Figure().subplots(1, 2)
+    figure, axes = metric.plot(ax=given)
+    assert figure is given[0].figure and list(axes) == list(given) and given[1].get_xlabel() == "noise"
+    with pytest.raises(ValueError, match="ax: expected a sequence of 2 matplotlib Axes"):
+        metric.plot(ax=given[0])
+    single = LocalRobustness(num_classes=2, properties=["brightness"], levels=3)  # names: severity index
+    single.update(logits, target, "brightness")
+    axis = Figure().subplots()
+    figure, got = single.plot(ax=axis)
+    assert got is axis and figure is axis.figure and list(axis.get_lines()[0].get_xdata()) == [1, 2, 3]
+    with pytest.raises(ValueError, match="levels: is 2 but property 'brightness' has 3 severity values"):
+        LocalRobustness(num_classes=2, properties=[prop], levels=2)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 
@@ -9,7 +10,7 @@ from torch import nn
 
 from dlguard.augment import Property, default_properties
 from dlguard.data import MNISTDataModule, balanced_correct_subset
-from dlguard.report import summarize_errors
+from dlguard.report import ErrorSummary, summarize_errors
 from dlguard.zoo import pretrained
 
 
@@ -55,7 +56,8 @@ def sweep_pairs(model: nn.Module, properties: list[Property], pairs: int = 300) 
 
 
 def test_planted_weakness_is_the_top_cell_and_confusion() -> None:
-    properties = [Property(p.name, p.apply, (p.levels[2],)) for p in default_properties()]  # noise 0.1, 20°, 2x
+    # noise 0.1, 20°, 2x; replace() keeps every other field of the property (e.g. how it draws noise)
+    properties = [dataclasses.replace(p, levels=(p.levels[2],)) for p in default_properties()]
     model = WeakOnNoisyFives().eval()
     records = sweep_pairs(model, properties)
     summary = summarize_errors([p.name for p in properties], num_classes=10, **records)
@@ -90,9 +92,48 @@ def test_failed_pairs_by_hand() -> None:
 
 
 def test_bad_input() -> None:
-    with pytest.raises(ValueError, match="predictions: expected shape"):
+    with pytest.raises(ValueError, match=r"predictions: expected shape \(2, 2\)"):
         summarize_errors(["noise"], torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long),
                          torch.zeros(2, 2, dtype=torch.long), torch.zeros(3, 2, dtype=torch.long), 10)  # fmt: skip
     with pytest.raises(ValueError, match="property_index: expected indices"):
         summarize_errors(["noise"], torch.ones(2, dtype=torch.long), torch.zeros(2, dtype=torch.long),
                          torch.zeros(2, 2, dtype=torch.long), torch.zeros(2, 2, dtype=torch.long), 10)  # fmt: skip
+
+
+def test_to_dict_can_leave_out_the_failures() -> None:
+    targets = torch.tensor([[5, 1], [5, 2], [3, 4], [2, 2]])
+    predictions = torch.tensor([[6, 1], [5, 2], [4, 3], [3, 2]])
+    summary = summarize_errors(["noise", "rotation"], torch.tensor([0, 0, 1, 1]), torch.tensor([0, 1, 0, 2]),
+                               targets, predictions, num_classes=10)  # fmt: skip
+    full = summary.to_dict()
+    assert full["failures"] == [
+        {"property": "noise", "level": 0, "targets": [5, 1], "predictions": [6, 1], "mispredicted": [True, False]},
+        {"property": "rotation", "level": 2, "targets": [2, 2], "predictions": [3, 2], "mispredicted": [True, False]},
+    ]
+    compact = summary.to_dict(include_failures=False)
+    assert "failures" not in compact and {k: v for k, v in full.items() if k != "failures"} == compact
+    assert json.loads(summary.to_json()) == full  # JSON keeps everything
+    restored = ErrorSummary(**compact)  # e.g. from a checkpoint
+    assert restored.failures == [] and restored.to_markdown() == summary.to_markdown()
+    assert ErrorSummary(**json.loads(summary.to_json())) == summary
+    with pytest.raises(ValueError, match="include_failures: expected a bool"):
+        summary.to_dict(include_failures="no")
+    with pytest.raises(ValueError, match="top: expected an integer of at least 1"):
+        summary.to_markdown(top=0)
+
+
+def test_default_digit_sum_needs_ten_classes_and_labels_in_range() -> None:
+    zero = torch.zeros(2, dtype=torch.long)
+    pairs = torch.tensor([[0, 1], [1, 1]])
+    with pytest.raises(ValueError, match=r"combine: the default digit_sum .* num_classes is 2"):
+        summarize_errors(["noise"], zero, zero, pairs, pairs, num_classes=2)
+    summary = summarize_errors(["noise"], zero, zero, pairs, pairs.flip(1), num_classes=2, combine=torch.mul)
+    assert summary.failed_pairs == 0  # 0·1 = 1·0 and 1·1 = 1·1
+    with pytest.raises(ValueError, match=r"predictions: expected labels in \[0, 10\), got labels in \[0, 12\]"):
+        summarize_errors(["noise"], zero, zero, pairs, pairs + torch.tensor([[0, 11], [0, 0]]), num_classes=10)
+    with pytest.raises(ValueError, match=r"targets: expected labels in \[0, 10\)"):
+        summarize_errors(["noise"], zero, zero, pairs - 1, pairs, num_classes=10)
+    with pytest.raises(ValueError, match="level: expected severity level indices >= 0"):
+        summarize_errors(["noise"], zero, zero - 1, pairs, pairs, num_classes=10)
+    with pytest.raises(ValueError, match="properties: expected distinct property names"):
+        summarize_errors(["noise", "noise"], zero, zero, pairs, pairs, num_classes=10)

@@ -4,7 +4,8 @@ A *neuron* of a layer output ``(B, N)`` is a unit; of ``(B, C, *positions)`` (co
 dimension) a channel, whose value is the mean over its positions. Recurrent outputs should be
 passed as ``(B, T·H)``, one neuron per time step and unit (the coverage callback does this).
 Every criterion is a ratio in ``[0, 1]`` built from per-neuron hit counts, so it does not depend
-on input order or on how inputs are split across batches or processes.
+on input order or on how inputs are split across batches or processes. Activations containing NaN
+are refused (a NaN would count as the largest value of its layer and as outside every range).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
+
+from dlguard._validation import check_labels, check_tensor, check_values, positive_int, probability
 
 __all__ = [
     "NeuronRange",
@@ -35,17 +38,63 @@ class NeuronRange(NamedTuple):
     high: Tensor
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
 def neuron_values(activation: Tensor) -> Tensor:
     """``(B, N)`` neuron values: units of a ``(B, N)`` output, channel means of ``(B, C, ...)``.
+
+    Half-precision activations (``float16``/``bfloat16``, e.g. under ``bf16-mixed``) are averaged
+    with a ``float32`` accumulator and give ``float32`` values.
 
     Example:
         >>> import torch
         >>> neuron_values(torch.arange(8.0).reshape(1, 2, 2, 2))
         tensor([[1.5000, 5.5000]])
+        >>> neuron_values(torch.ones(1, 2, 3, 3, dtype=torch.bfloat16)).dtype
+        torch.float32
     """
+    check_tensor("activations", activation)
     if activation.ndim < 2:
         raise ValueError(f"activations: expected (B, N) or (B, C, ...), got shape {tuple(activation.shape)}")
-    return activation if activation.ndim == 2 else activation.flatten(2).mean(dim=2)
+    half = activation.dtype in _HALF
+    if activation.ndim == 2:
+        return activation.float() if half else activation
+    return activation.flatten(2).mean(dim=2, dtype=torch.float32 if half else None)
+
+
+def _check_finite_values(values: Tensor) -> None:
+    """One NaN check on ``(B, N)`` neuron values (a NaN anywhere in a neuron's positions reaches its mean)."""
+    check_values("activations", values, bounds=None)
+
+
+def _check_activations(activations: object) -> Mapping[str, Tensor]:
+    if not isinstance(activations, Mapping) or not activations:
+        raise ValueError(f"activations: expected a non-empty {{layer: output}}, got {type(activations).__name__}")
+    return activations
+
+
+def _check_range(name: str, bounds: object) -> NeuronRange:
+    """``bounds`` as a :class:`NeuronRange` of two ``(N,)`` tensors with ``low <= high``."""
+    try:
+        low, high = bounds  # type: ignore[misc]
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"ranges: layer {name!r} needs a NeuronRange(low, high), got {type(bounds).__name__}"
+        ) from None
+    if not isinstance(low, Tensor) or not isinstance(high, Tensor) or low.shape != high.shape or low.ndim != 1:
+        raise ValueError(f"ranges: layer {name!r} needs low and high of the same shape (N,)")
+    if (low > high).any():
+        raise ValueError(f"ranges: layer {name!r} has low > high")
+    return NeuronRange(low, high)
+
+
+def _check_ranges(ranges: object, activations: Mapping[str, Tensor]) -> dict[str, NeuronRange]:
+    """A :class:`NeuronRange` for every layer of ``activations``."""
+    if not isinstance(ranges, Mapping) or activations.keys() - ranges.keys():
+        missing = sorted(activations.keys() - ranges.keys()) if isinstance(ranges, Mapping) else list(activations)
+        raise ValueError(f"ranges: expected a NeuronRange for every layer of activations, missing {missing}")
+    return {name: _check_range(name, ranges[name]) for name in activations}
 
 
 def _scaled_neuron_values(activation: Tensor, values: Tensor | None = None) -> Tensor:
@@ -55,21 +104,21 @@ def _scaled_neuron_values(activation: Tensor, values: Tensor | None = None) -> T
     pass for the means (skipped when ``values`` are given) and one for each input's min and max,
     never a scaled copy of the output.
     """
-    flat = activation.flatten(1)
-    low, high = flat.amin(dim=1), flat.amax(dim=1)  # on CPU ~6x faster than torch.aminmax
-    span = (high - low).unsqueeze(1)
     values = neuron_values(activation) if values is None else values
-    return torch.where(span > 0, (values - low.unsqueeze(1)) / span.clamp(min=torch.finfo(values.dtype).tiny), 0.0)
+    flat = activation.flatten(1)
+    low, high = flat.amin(dim=1).to(values.dtype), flat.amax(dim=1).to(values.dtype)  # ~6x faster than aminmax
+    span = (high - low).unsqueeze(1)
+    scaled = (values - low.unsqueeze(1)) / span.clamp(min=torch.finfo(values.dtype).tiny)
+    # a constant output scales to 0; a NaN span (NaN in the output) stays NaN so checks can see it
+    return torch.where(span > 0, scaled, span * 0)
 
 
 def _check_threshold(threshold: float) -> None:
-    if not 0.0 <= threshold <= 1.0:
-        raise ValueError(f"threshold: expected a value in [0, 1], got {threshold}")
+    probability("threshold", threshold)
 
 
 def _check_k(k: int, name: str = "k") -> None:
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"{name}: expected an integer of at least 1, got {k!r}")
+    positive_int(name, k)
 
 
 # ---- per-layer hit counts (the states of the metrics) ------------------------------------------
@@ -112,6 +161,28 @@ def _ratio(covered: Tensor, total: int) -> Tensor:
 # ---- functional twins: coverage of a set of inputs in one call ---------------------------------
 
 
+def _checked_values(
+    activations: Mapping[str, Tensor], ranges: Mapping[str, NeuronRange] | None = None, scaled: bool = False
+) -> dict[str, Tensor]:
+    """Each layer's ``(B, N)`` neuron values (min-max ``scaled`` per input), after one NaN check of all layers.
+
+    With ``ranges`` (already checked), each layer's number of neurons must match its range.
+    """
+    _check_activations(activations)
+    read = _scaled_neuron_values if scaled else neuron_values
+    values = {name: read(a) for name, a in activations.items()}
+    for name, v in values.items():
+        if ranges is not None and v.shape[1] != len(ranges[name].low):
+            raise ValueError(
+                f"ranges: layer {name!r} has {len(ranges[name].low)} neurons, the activations {v.shape[1]}"
+            )
+    batches = {v.shape[0] for v in values.values()}
+    if len(batches) != 1:
+        raise ValueError(f"activations: expected every layer to hold the same inputs, got batch sizes {batches}")
+    _check_finite_values(torch.cat(list(values.values()), dim=1))
+    return values
+
+
 def neuron_coverage(activations: Mapping[str, Tensor], threshold: float = 0.2) -> Tensor:
     """DeepTest neuron coverage: neurons whose min-max scaled value exceeds ``threshold`` for some input.
 
@@ -125,7 +196,7 @@ def neuron_coverage(activations: Mapping[str, Tensor], threshold: float = 0.2) -
         tensor(0.6667, dtype=torch.float64)
     """
     _check_threshold(threshold)
-    hits = [_nc_hits(_scaled_neuron_values(a), threshold) for a in activations.values()]
+    hits = [_nc_hits(v, threshold) for v in _checked_values(activations, scaled=True).values()]
     return _ratio(torch.cat(hits) > 0, sum(len(h) for h in hits))
 
 
@@ -141,7 +212,9 @@ def k_multisection_coverage(
         tensor(0.2500, dtype=torch.float64)
     """
     _check_k(k)
-    hits = [_kmnc_hits(neuron_values(a), ranges[name], k) for name, a in activations.items()]
+    ranges = _check_ranges(ranges, _check_activations(activations))
+    values = _checked_values(activations, ranges)
+    hits = [_kmnc_hits(v, ranges[name], k) for name, v in values.items()]
     return _ratio(torch.cat(hits) > 0, sum(h.numel() for h in hits))
 
 
@@ -154,7 +227,8 @@ def neuron_boundary_coverage(activations: Mapping[str, Tensor], ranges: Mapping[
         >>> neuron_boundary_coverage({"fc": torch.tensor([[-0.5, 0.5], [2.0, 0.5]])}, r)
         tensor(0.5000, dtype=torch.float64)
     """
-    pairs = [_boundary_hits(neuron_values(a), ranges[name]) for name, a in activations.items()]
+    ranges = _check_ranges(ranges, _check_activations(activations))
+    pairs = [_boundary_hits(v, ranges[name]) for name, v in _checked_values(activations, ranges).items()]
     upper = torch.cat([p[0] for p in pairs])
     lower = torch.cat([p[1] for p in pairs])
     return _ratio(torch.cat([upper > 0, lower > 0]), 2 * len(upper))
@@ -169,7 +243,9 @@ def strong_neuron_activation_coverage(activations: Mapping[str, Tensor], ranges:
         >>> strong_neuron_activation_coverage({"fc": torch.tensor([[-0.5, 0.5], [2.0, 0.5]])}, r)
         tensor(0.5000, dtype=torch.float64)
     """
-    upper = torch.cat([_boundary_hits(neuron_values(a), ranges[name])[0] for name, a in activations.items()])
+    ranges = _check_ranges(ranges, _check_activations(activations))
+    values = _checked_values(activations, ranges)
+    upper = torch.cat([_boundary_hits(v, ranges[name])[0] for name, v in values.items()])
     return _ratio(upper > 0, len(upper))
 
 
@@ -182,7 +258,8 @@ def top_k_neuron_coverage(activations: Mapping[str, Tensor], k: int = 2) -> Tens
         tensor(0.5000, dtype=torch.float64)
     """
     _check_k(k)
-    hits = [_top_k_hits(neuron_values(a), k) for a in activations.values()]
+    values = _checked_values(activations)
+    hits = [_top_k_hits(v, k) for v in values.values()]
     return _ratio(torch.cat(hits) > 0, sum(len(h) for h in hits))
 
 
@@ -202,14 +279,15 @@ def output_impartiality(preds: Tensor, num_classes: int) -> Tensor:
 
 
 def _class_counts(preds: Tensor, num_classes: int) -> Tensor:
-    if num_classes < 2:
-        raise ValueError(f"num_classes: expected at least 2, got {num_classes}")
-    labels = preds.argmax(dim=1) if preds.ndim == 2 else preds
-    if labels.ndim != 1:
+    positive_int("num_classes", num_classes, minimum=2)
+    check_tensor("preds", preds)
+    if preds.ndim == 2:
+        if preds.shape[1] != num_classes:
+            raise ValueError(f"preds: expected logits (B, {num_classes}), got shape {tuple(preds.shape)}")
+        return torch.bincount(preds.argmax(dim=1), minlength=num_classes)
+    if preds.ndim != 1:
         raise ValueError(f"preds: expected labels (B,) or logits (B, K), got shape {tuple(preds.shape)}")
-    if labels.numel() and (labels.min() < 0 or labels.max() >= num_classes):
-        raise ValueError(f"preds: expected labels in 0..{num_classes - 1}")
-    return torch.bincount(labels.long(), minlength=num_classes)
+    return torch.bincount(check_labels("preds", preds, num_classes=num_classes).long(), minlength=num_classes)
 
 
 def _impartiality(counts: Tensor) -> Tensor:
@@ -242,6 +320,8 @@ def activation_jaccard_distance(set_a: Tensor | Mapping[str, Tensor], set_b: Ten
         names = list(set_a)
         set_a = torch.cat([set_a[name].flatten() for name in names])
         set_b = torch.cat([set_b[name].flatten() for name in names])
+    check_tensor("set_a", set_a)
+    check_tensor("set_b", set_b)
     if set_a.shape != set_b.shape:
         raise ValueError(f"set_a and set_b: expected the same shape, got {tuple(set_a.shape)} and {tuple(set_b.shape)}")
     a, b = set_a.bool(), set_b.bool()

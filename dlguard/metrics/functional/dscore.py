@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from dlguard._validation import check_grid
+from dlguard._validation import check_grid, check_labels, check_logits, check_tensor, positive_int
 
 __all__ = ["DScoreResult", "d_score", "g_bound"]
 
@@ -33,6 +33,16 @@ class DScoreResult(NamedTuple):
     """``g(n)``, the upper bound of ``v_robust``."""
     augment_probability: Tensor
     """``p = clip(v_robust / g(n), 0, 1)`` for score-guided padding."""
+    baseline_accuracy: Tensor
+    """``â``, the accuracy of the unmodified model the result was computed from (scalar)."""
+    deletion_accuracy: Tensor
+    """``f_i``, the accuracy of each region-deletion mutant ``(n²,)``."""
+    translation_accuracy: Tensor
+    """``a_i``, the accuracy on each translated set ``(n²,)``.
+
+    The three accuracies are part of the result because :class:`~dlguard.metrics.DScore` restores
+    each process's own counts after ``compute()``: under DDP only the result holds the accuracies
+    reduced over every process."""
 
 
 def g_bound(n: int, num_classes: int) -> float:
@@ -43,13 +53,17 @@ def g_bound(n: int, num_classes: int) -> float:
         0.5095
     """
     check_grid(n)
-    if num_classes < 2:
-        raise ValueError(f"num_classes: expected at least 2, got {num_classes}")
+    positive_int("num_classes", num_classes, minimum=2)
     return 2 * math.sqrt(n * n - 1) / n**3 + (num_classes - 1) / (n * num_classes)
 
 
 def _as_accuracy(name: str, value: float | Tensor) -> Tensor:
-    tensor = torch.as_tensor(value, dtype=torch.float64)
+    if isinstance(value, bool) or (isinstance(value, Tensor) and value.dtype == torch.bool):
+        raise ValueError(f"{name}: expected accuracies in [0, 1], got booleans")
+    try:
+        tensor = torch.as_tensor(value, dtype=torch.float64).detach()
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"{name}: expected accuracies in [0, 1], got {type(value).__name__}") from None
     if torch.isnan(tensor).any():
         raise ValueError(f"{name}: contains NaN")
     if (tensor < 0).any() or (tensor > 1).any():
@@ -83,7 +97,8 @@ def d_score(
         num_classes: ``K``, for ``g(n)``.
 
     Returns:
-        :class:`DScoreResult` of float64 tensors (scalars, or ``(n²,)`` distributions).
+        :class:`DScoreResult` of float64 tensors (scalars, or ``(n²,)`` distributions), including
+        the accuracies it was computed from.
 
     Example (the paper's CIFAR-10 model, Tables III and IV, ``n = 3``):
         >>> f = [.7735, .7576, .7775, .7609, .7104, .7615, .7708, .7556, .7760]
@@ -91,6 +106,8 @@ def d_score(
         >>> result = d_score(0.7966, f, a, num_classes=10)
         >>> [round(float(v), 4) for v in (result.v_robust, result.v_fitness, result.d_score)]
         [0.129, 0.7812, 0.6522]
+        >>> round(float(result.baseline_accuracy), 4), result.deletion_accuracy.shape
+        (0.7966, torch.Size([9]))
     """
     baseline = _as_accuracy("baseline_accuracy", baseline_accuracy)
     deletion = _as_accuracy("deletion_accuracy", deletion_accuracy).flatten()
@@ -106,7 +123,7 @@ def d_score(
     n = math.isqrt(cells)
     if n * n != cells or n < 2:
         raise ValueError(f"deletion_accuracy: expected n² accuracies with n >= 2 (4, 9, 16, ...), got {cells}")
-    g_n = torch.tensor(g_bound(n, num_classes), dtype=torch.float64)
+    g_n = torch.tensor(g_bound(n, num_classes), dtype=torch.float64)  # validates num_classes
     baseline = baseline.reshape(())
     uniform = torch.full_like(deletion, 1.0 / cells)
 
@@ -128,19 +145,34 @@ def d_score(
         attention_distribution=attention,
         g_n=g_n,
         augment_probability=(v_robust / g_n).clamp(0, 1),
+        baseline_accuracy=baseline,
+        deletion_accuracy=deletion,
+        translation_accuracy=translation,
     )
 
 
 def _dscore_update(
-    baseline_logits: Tensor, mutant_logits: Tensor, translated_logits: Tensor, target: Tensor
+    baseline_logits: Tensor,
+    mutant_logits: Tensor,
+    translated_logits: Tensor,
+    target: Tensor,
+    num_classes: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, int]:
-    """Correct counts of the baseline ``()``, each mutant ``(n²,)`` and each translated set ``(n²,)``."""
-    if baseline_logits.ndim != 2:
-        raise ValueError(f"baseline_logits: expected (B, K), got shape {tuple(baseline_logits.shape)}")
-    batch, classes = baseline_logits.shape
-    if target.shape != (batch,):
-        raise ValueError(f"target: expected shape ({batch},), got {tuple(target.shape)}")
+    """Correct counts of the baseline ``()``, each mutant ``(n²,)`` and each translated set ``(n²,)``.
+
+    Every argument is checked before any count: logits of shapes ``(B, K)``, ``(n², B, K)`` and
+    ``(n², B, K)``, ``K = num_classes`` when given, and integer labels ``(B,)`` in ``[0, K)``.
+    """
+    check_tensor("baseline_logits", baseline_logits, min_ndim=2)
+    batch = baseline_logits.shape[0]
+    check_logits("baseline_logits", baseline_logits, batch)
+    classes = baseline_logits.shape[1]
+    if num_classes is not None and classes != num_classes:
+        raise ValueError(
+            f"num_classes: is {num_classes} but the logits have {classes} classes; pass the width of the logits"
+        )
     for name, logits in (("mutant_logits", mutant_logits), ("translated_logits", translated_logits)):
+        check_tensor(name, logits)
         if logits.ndim != 3 or logits.shape[1:] != (batch, classes):
             raise ValueError(f"{name}: expected (n², {batch}, {classes}), got shape {tuple(logits.shape)}")
     if mutant_logits.shape[0] != translated_logits.shape[0]:
@@ -148,6 +180,7 @@ def _dscore_update(
             f"mutant_logits and translated_logits: expected the same n², got {mutant_logits.shape[0]} "
             f"and {translated_logits.shape[0]}"
         )
+    check_labels("target", target, batch, num_classes=classes)
     baseline = (baseline_logits.argmax(-1) == target).sum()
     deletion = (mutant_logits.argmax(-1) == target).sum(dim=1)
     translation = (translated_logits.argmax(-1) == target).sum(dim=1)

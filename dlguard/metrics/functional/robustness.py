@@ -11,6 +11,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from dlguard._validation import check_labels, check_tensor, positive_int
+
 __all__ = ["LocalRobustnessResult", "adder_global_robustness", "digit_sum", "local_robustness"]
 
 
@@ -26,12 +28,11 @@ class LocalRobustnessResult(NamedTuple):
 
 
 def _check_logits(logits: Tensor, target: Tensor, num_classes: int) -> None:
+    positive_int("num_classes", num_classes, minimum=2)
+    check_tensor("logits", logits, floating=True)
     if logits.ndim != 3 or logits.shape[-1] != num_classes:
         raise ValueError(f"logits: expected (levels, B, {num_classes}), got shape {tuple(logits.shape)}")
-    if target.shape != (logits.shape[1],):
-        raise ValueError(f"target: expected shape ({logits.shape[1]},), got {tuple(target.shape)}")
-    if target.numel() and (target.min() < 0 or target.max() >= num_classes):
-        raise ValueError(f"target: expected labels in 0..{num_classes - 1}")
+    check_labels("target", target, logits.shape[1], num_classes)
 
 
 def _local_robustness_update(logits: Tensor, target: Tensor, num_classes: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -71,9 +72,9 @@ def local_robustness(logits: Tensor, target: Tensor, num_classes: int) -> LocalR
     recorded too. Classes without inputs are NaN and left out of ``LR_p``.
 
     Args:
-        logits: ``(levels, B, K)``, the model on the inputs perturbed at each level.
-        target: ``(B,)`` labels.
-        num_classes: ``K``.
+        logits: ``(levels, B, K)`` floating point, the model on the inputs perturbed at each level.
+        target: ``(B,)`` integer labels in ``[0, K)``.
+        num_classes: ``K`` (at least 2).
 
     Example:
         >>> import torch
@@ -89,8 +90,32 @@ def local_robustness(logits: Tensor, target: Tensor, num_classes: int) -> LocalR
 
 
 def digit_sum(first: Tensor, second: Tensor) -> Tensor:
-    """The framework's adder: the sum of two predicted (or true) digits."""
+    """The framework's adder: the sum of two predicted (or true) digits.
+
+    Only meaningful when the labels *are* the digits 0-9: the adder metrics and
+    :func:`~dlguard.report.summarize_errors` refuse it for any other number of classes.
+    """
     return first + second
+
+
+def _check_combine(combine: object, num_classes: int) -> None:
+    """``combine`` is callable, and the digit sum only combines the ten digit classes."""
+    if not callable(combine):
+        raise ValueError(f"combine: expected a callable of two label tensors, got {type(combine).__name__}")
+    if combine is digit_sum and num_classes != 10:
+        raise ValueError(
+            f"combine: the default digit_sum adds labels as digits 0-9, but num_classes is {num_classes}; "
+            "pass a combine that fits the labels (e.g. combine=torch.add when their sum is meaningful)"
+        )
+
+
+def _label_pair(name: str, pair: object, num_classes: int) -> tuple[Tensor, Tensor]:
+    """Two integer label vectors ``(M,)`` of one shape, in ``[0, num_classes)``."""
+    if not isinstance(pair, tuple | list) or len(pair) != 2:
+        raise ValueError(f"{name}: expected two label tensors (first inputs, second inputs), got {type(pair).__name__}")
+    first = check_labels(f"{name}[0]", pair[0], num_classes=num_classes)
+    second = check_labels(f"{name}[1]", pair[1], first.shape[0], num_classes=num_classes)
+    return first, second
 
 
 def _adder_update(
@@ -100,12 +125,19 @@ def _adder_update(
     combine: Callable[[Tensor, Tensor], Tensor],
 ) -> tuple[Tensor, Tensor]:
     """Per class pair ``(C, C)``: pairs whose combined prediction equals the combined truth, and all pairs."""
-    (first, second), (true_first, true_second) = preds, targets
-    for name, tensor in (("preds", first), ("preds", second), ("targets", true_first), ("targets", true_second)):
-        if tensor.ndim != 1 or tensor.shape != first.shape:
-            raise ValueError(f"{name}: expected two label vectors of the same shape (M,), got {tuple(tensor.shape)}")
+    num_classes = positive_int("num_classes", num_classes, minimum=2)
+    _check_combine(combine, num_classes)
+    first, second = _label_pair("preds", preds, num_classes)
+    true_first, true_second = _label_pair("targets", targets, num_classes)
+    if true_first.shape != first.shape:
+        raise ValueError(
+            f"targets: expected labels of the predictions' shape {tuple(first.shape)}, got {tuple(true_first.shape)}"
+        )
     pair = true_first.long() * num_classes + true_second.long()
-    correct = (combine(first, second) == combine(true_first, true_second)).long()
+    predicted, true = combine(first, second), combine(true_first, true_second)
+    if not all(isinstance(c, Tensor) and c.shape == first.shape for c in (predicted, true)):
+        raise ValueError(f"combine: expected one combined label per pair {tuple(first.shape)}")
+    correct = (predicted == true).long()
     cells = num_classes * num_classes
     return (
         torch.bincount(pair, weights=correct, minlength=cells).long().view(num_classes, num_classes),
@@ -125,10 +157,12 @@ def adder_global_robustness(
     be confused with HDA's empirical global robustness (density-weighted, SPEC §4).
 
     Args:
-        preds: predicted labels of the first and second inputs, ``(M,)`` each.
-        targets: their true labels.
+        preds: predicted labels of the first and second inputs, ``(M,)`` each, in ``[0, C)``.
+        targets: their true labels, in ``[0, C)``.
         num_classes: ``C``.
-        combine: how two labels combine (default: their sum, for digits).
+        combine: how two labels combine, elementwise, into one value per pair. The default,
+            :func:`digit_sum`, adds digits and needs ``C = 10``; pass a combine that fits other
+            labels.
 
     Returns:
         ``(GR over all pairs, GR per class pair (C, C))``, NaN for pairs never drawn.
