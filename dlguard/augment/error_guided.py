@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from dlguard._validation import check_labels
+from dlguard.augment.functional._inputs import values_trusted
 from dlguard.augment.properties import Property, default_properties
 
 __all__ = ["ErrorGuidedAugmentation"]
@@ -22,8 +25,16 @@ class ErrorGuidedAugmentation(nn.Module):
     :class:`~dlguard.callbacks.RobustnessCallback` updates it after every measurement and applies
     it to training batches on the device; standalone, call ``aug(images, labels)``.
 
+    No host sync on the training path: each property is applied to the whole batch and kept where
+    chosen (``torch.where``), and the checks that read values (labels within the proposal's
+    classes, inputs in range) run on the first call after :meth:`set_proposal` (or a loaded state)
+    only. Properties whose op groups inputs by value (the blurs' per-sample kernel sizes, rain's
+    drop count) still sync inside the op; the default trio does not. Keyed properties draw from
+    the global RNG here (no keys on the training path).
+
     Args:
-        properties: the properties the proposal's columns refer to.
+        properties: the properties the proposal's columns refer to (default:
+            :func:`~dlguard.augment.default_properties`).
 
     Example:
         >>> import torch
@@ -35,39 +46,66 @@ class ErrorGuidedAugmentation(nn.Module):
         [0.25, 0.5]
     """
 
+    proposal: Tensor
+    level_table: Tensor
+    level_counts: Tensor
+
     def __init__(self, properties: Sequence[Property] | None = None) -> None:
         super().__init__()
         self.properties = list(properties) if properties is not None else default_properties()
-        if not self.properties:
-            raise ValueError("properties: expected at least one property")
+        if not self.properties or not all(isinstance(p, Property) for p in self.properties):
+            raise ValueError(f"properties: expected at least one Property, got {self.properties!r}")
         self.register_buffer("proposal", torch.zeros(0, len(self.properties)))
+        # each property's levels, padded to the longest: levels are drawn on the device, no copy per call
+        width = max(len(p.levels) for p in self.properties)
+        table = torch.tensor([list(p.levels) + [p.levels[-1]] * (width - len(p.levels)) for p in self.properties])
+        self.register_buffer("level_table", table, persistent=False)
+        self.register_buffer("level_counts", torch.tensor([len(p.levels) for p in self.properties]), persistent=False)
+        self._check_pending = True
 
     def set_proposal(self, proposal: Tensor | Sequence[Sequence[float]]) -> None:
-        """Set ``proposal[class][property]`` probabilities in ``[0, 1]``."""
-        table = torch.as_tensor(proposal, dtype=torch.float32)
+        """Set ``proposal[class][property]`` probabilities in ``[0, 1]``; the next call validates its inputs."""
+        with torch.inference_mode(False):  # a table made under inference mode could not be updated later
+            table = torch.as_tensor(proposal, dtype=torch.float32).clone()
         if table.ndim != 2 or table.shape[1] != len(self.properties):
             raise ValueError(f"proposal: expected (classes, {len(self.properties)}), got {tuple(table.shape)}")
         if table.isnan().any() or (table < 0).any() or (table > 1).any():
             raise ValueError("proposal: expected probabilities in [0, 1]")
         self.proposal = table.to(self.proposal.device)
+        self._check_pending = True
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        incoming = state_dict.get(prefix + "proposal")
+        if isinstance(incoming, Tensor) and incoming.ndim == 2 and incoming.shape[1] == len(self.properties):
+            # the number of classes is the checkpoint's (a fresh module has none yet)
+            self.proposal = self.proposal.new_zeros(incoming.shape)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._check_pending = True
 
     def forward(self, images: Tensor, labels: Tensor) -> Tensor:
-        """Augment ``images`` ``(B, C, H, W)`` according to their ``labels`` ``(B,)``."""
+        """Augment ``images`` ``(B, C, H, W)`` (or ``(B, ...)`` for properties that take any tensor) by ``labels``."""
         if self.proposal.numel() == 0:
             return images
         if labels.shape != (images.shape[0],):
             raise ValueError(f"labels: expected shape ({images.shape[0]},), got {tuple(labels.shape)}")
-        if labels.numel() and (labels.min() < 0 or labels.max() >= self.proposal.shape[0]):
-            raise ValueError(f"labels: expected classes in 0..{self.proposal.shape[0] - 1}")
-        chances = self.proposal.to(images.device)[labels.long()]  # (B, properties)
-        chosen = torch.rand(chances.shape, device=images.device) < chances
+        if self._check_pending:  # a new proposal: check labels and, through the ops, the inputs, once
+            check_labels("labels", labels, num_classes=self.proposal.shape[0])
+            out = self._augment(images, labels)
+            self._check_pending = False
+            return out
+        with values_trusted():
+            return self._augment(images, labels)
+
+    def _augment(self, images: Tensor, labels: Tensor) -> Tensor:
+        device = images.device
+        chances = self.proposal.to(device)[labels.to(device).long()]  # (B, properties)
+        chosen = torch.rand(chances.shape, device=device) < chances
+        # a level index per sample and property, uniform over that property's levels
+        picks = (torch.rand(chances.shape, device=device) * self.level_counts.to(device)).long()
+        picks = torch.minimum(picks, self.level_counts.to(device) - 1)
+        levels = self.level_table.to(device=device, dtype=images.dtype).T.gather(0, picks)  # (B, properties)
         out = images
+        shape = (-1, *([1] * (images.ndim - 1)))
         for index, prop in enumerate(self.properties):
-            rows = torch.nonzero(chosen[:, index]).flatten()
-            if rows.numel() == 0:
-                continue
-            levels = torch.tensor(prop.levels, dtype=images.dtype, device=images.device)
-            level = levels[torch.randint(len(levels), (rows.numel(),), device=images.device)]
-            out = out.clone() if out is images else out
-            out[rows] = prop(out[rows], level)
+            out = torch.where(chosen[:, index].reshape(shape), prop(out, levels[:, index]), out)
         return out

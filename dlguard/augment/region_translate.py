@@ -8,8 +8,8 @@ import torch
 from kornia.augmentation import GeometricAugmentationBase2D
 from torch import Tensor
 
-from dlguard.augment.functional.padding import pad_resize_matrix
 from dlguard._validation import check_translation
+from dlguard.augment.functional.padding import pad_resize_matrix
 from dlguard.augment.functional.translate import pad_to_region
 
 __all__ = ["RegionTranslate"]

@@ -8,7 +8,9 @@ import torch
 from kornia.augmentation import GeometricAugmentationBase2D
 from kornia.geometry.transform import warp_affine
 from torch import Tensor
+from torch.distributions import Bernoulli
 
+from dlguard._validation import check_tensor, check_values, probability
 from dlguard.augment.functional.padding import pad_resize_matrix
 
 __all__ = ["ScoreGuidedPadding"]
@@ -23,6 +25,10 @@ class ScoreGuidedPadding(GeometricAugmentationBase2D):
     measurement; standalone, set ``p`` yourself (or from
     :func:`~dlguard.metrics.functional.d_score`'s ``augment_probability``). Batched and
     differentiable: one affine warp per batch. Parameters replay with ``aug(x, params=aug._params)``.
+
+    ``p`` may change at any time (it is validated, and every kornia version's gate follows it).
+    The first call after a change checks that the images are floats in ``[0, 1]`` without NaN;
+    later calls do not (the check is a host sync, too much for every training batch).
 
     Args:
         p: probability and padding ratio in ``[0, 1]``.
@@ -39,9 +45,33 @@ class ScoreGuidedPadding(GeometricAugmentationBase2D):
     """
 
     def __init__(self, p: float = 0.5, same_on_batch: bool = False, keepdim: bool = False) -> None:
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"p: expected a probability in [0, 1], got {p}")
+        probability("p", p)
         super().__init__(p=p, same_on_batch=same_on_batch, keepdim=keepdim)
+
+    @property
+    def p(self) -> float:
+        """Probability of padding an image, and its padding ratio, in ``[0, 1]``."""
+        return self._guide_p
+
+    @p.setter
+    def p(self, value: float) -> None:
+        value = probability("p", value)
+        self._guide_p = value
+        self._check_pending = True
+        # kornia derives state from p at construction in some versions (a Bernoulli sampler `_p_gen`,
+        # created only for 0 < p < 1, and an `_always_apply` flag for p == 1); keep it in step so
+        # that a new p changes how often images are padded whatever kornia is installed
+        if 0.0 < value < 1.0:
+            self._p_gen = Bernoulli(value)
+        if "_always_apply" in self.__dict__:
+            self._always_apply = value == 1.0 and getattr(self, "p_batch", 1.0) == 1.0
+
+    def forward(self, input: Tensor, params: dict[str, Tensor] | None = None, **kwargs: Any) -> Tensor:
+        if self._check_pending:
+            check_tensor("images", input, floating=True)
+            check_values("images", input)
+            self._check_pending = False
+        return super().forward(input, params, **kwargs)
 
     def generate_parameters(self, batch_shape: tuple[int, ...]) -> dict[str, Tensor]:
         batch, height, width = batch_shape[0], batch_shape[-2], batch_shape[-1]

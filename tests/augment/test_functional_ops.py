@@ -119,7 +119,11 @@ def test_noise_is_gaussian_with_the_given_sigma() -> None:
         (lambda x: median_blur(x, 4), "size: expected odd kernel sizes"),
         (lambda x: box_blur(x, torch.tensor([3, 3, 3])), "size: expected an int or shape \\(2,\\)"),
         (lambda x: rotation(x.long(), 3.0), "images: expected float"),
-        (lambda x: contrast(x[0], 1.2), "images: expected \\(B, C, H, W\\)"),
+        (lambda x: contrast(x[0], 1.2), "images: expected images \\(B, C, H, W\\)"),
+        (lambda x: rotation(x[:, :, 0], 3.0), "images: expected images \\(B, C, H, W\\)"),
+        (lambda x: brightness_shift(x * 2, 0.1), "images: expected values in \\[0, 1\\], got values in \\[0"),
+        (lambda x: gaussian_noise(x * float("nan"), 0.1), "images: contains NaN"),
+        (lambda x: brightness_scale(x, 2.0, value_range=(1.0, 0.0)), "value_range: expected low < high"),
     ],
 )
 def test_bad_input(call, message: str) -> None:
@@ -171,3 +175,22 @@ def test_deeptest_properties_follow_table_4() -> None:
         for level in prop.levels:
             out = prop(images, level)
             assert out.shape == images.shape and float(out.min()) >= 0 and float(out.max()) <= 1, prop.name
+
+
+def test_noise_and_brightness_scale_take_any_tensor() -> None:
+    signals = torch.tensor([[[-1.0, 0.5, 2.0]], [[0.0, 3.0, -4.0]]])  # (B, C, T), unbounded
+    noise = torch.tensor([[[1.0, -1.0, 0.5]], [[2.0, 0.0, -1.0]]])
+    out = gaussian_noise(signals, torch.tensor([0.1, 1.0]), noise=noise, value_range=None)
+    assert out.flatten().tolist() == pytest.approx([-0.9, 0.4, 2.05, 2.0, 3.0, -5.0])
+    assert brightness_scale(signals, 2.0, value_range=None).flatten().tolist() == [-2.0, 1.0, 4.0, 0.0, 6.0, -8.0]
+    features = torch.tensor([[0.2, 0.6], [0.5, 0.9]])  # (B, D) in a range: checked and clamped
+    assert brightness_scale(features, 1.5).flatten().tolist() == pytest.approx([0.3, 0.9, 0.75, 1.0])
+    clamped = gaussian_noise(features, 1.0, noise=torch.ones(2, 2), value_range=(-1.0, 1.5))
+    assert clamped.flatten().tolist() == pytest.approx([1.2, 1.5, 1.5, 1.5])
+    with pytest.raises(ValueError, match=r"images: expected values in \[0, 1\]"):
+        brightness_scale(signals, 2.0)  # the default range is pixels'
+    with pytest.raises(ValueError, match="images: expected floating-point"):
+        gaussian_noise(torch.ones(2, 3, dtype=torch.long), 0.1, value_range=None)
+    with pytest.raises(ValueError, match=r"noise: expected shape \(2, 1, 3\)"):
+        gaussian_noise(signals, 0.1, noise=torch.ones(2, 3), value_range=None)
+    assert gaussian_noise(torch.zeros(3, 500), 0.2, value_range=None).std() == pytest.approx(0.2, rel=0.1)

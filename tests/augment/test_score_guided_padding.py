@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 from torch.nn import functional as F
@@ -63,5 +65,58 @@ def test_gradients_flow_to_the_image() -> None:
 
 
 def test_bad_p() -> None:
-    with pytest.raises(ValueError, match="p: expected a probability in \\[0, 1\\]"):
+    with pytest.raises(ValueError, match=r"p: expected a value in \[0, 1\], got 1.5"):
         ScoreGuidedPadding(p=1.5)
+    aug = ScoreGuidedPadding(p=0.5)
+    for bad in (-0.1, float("nan"), True):
+        with pytest.raises(ValueError, match=r"p: expected a value in \[0, 1\]"):
+            aug.p = bad
+    assert aug.p == 0.5
+
+
+def test_setting_p_after_construction_changes_the_probability() -> None:
+    images = torch.ones(400, 1, 16, 16)
+    aug = ScoreGuidedPadding(p=0.0)
+    assert torch.equal(aug(images), images)
+    aug.p = 1.0  # as DScoreCallback does after a measurement
+    changed = (aug(images) != images).flatten(1).any(dim=1)
+    assert bool(changed.all())
+    torch.manual_seed(0)
+    aug.p = 0.5
+    out = aug(images)
+    changed = (out != images).flatten(1).any(dim=1).float().mean()
+    assert changed == pytest.approx(0.5, abs=0.08)
+    assert out[aug._params["batch_prob"] > 0.5].mean() == pytest.approx(1 / 1.5**2, abs=0.03)  # ratio follows p
+    aug.p = 0.0
+    assert torch.equal(aug(images), images)
+
+
+def test_range_is_checked_on_the_first_call_after_p_is_set(host_syncs) -> None:
+    aug = ScoreGuidedPadding(p=0.5)
+    with pytest.raises(ValueError, match=r"images: expected values in \[0, 1\], got values in \[\d"):
+        aug(torch.rand(2, 1, 8, 8) * 255)
+    with pytest.raises(ValueError, match="images: contains NaN"):
+        aug(torch.full((2, 1, 8, 8), float("nan")))
+    with pytest.raises(ValueError, match="images: expected float"):
+        aug(torch.zeros(2, 1, 8, 8, dtype=torch.uint8))
+    aug(torch.rand(2, 1, 8, 8))
+    with host_syncs() as syncs:  # later training batches: no value read
+        for _ in range(3):
+            aug(torch.rand(2, 1, 8, 8))
+    assert syncs.calls == []
+    aug.p = 0.7  # a new measurement: checked again
+    with pytest.raises(ValueError, match=r"images: expected values in \[0, 1\]"):
+        aug(torch.rand(2, 1, 8, 8) * 255)
+
+
+def test_pickles_and_still_works() -> None:
+    aug = ScoreGuidedPadding(p=0.3)
+    aug.p = 0.6
+    copy = pickle.loads(pickle.dumps(aug))
+    assert copy.p == 0.6
+    images = torch.rand(16, 1, 12, 12)
+    torch.manual_seed(2)
+    expected = aug(images)
+    torch.manual_seed(2)
+    torch.testing.assert_close(copy(images), expected)
+    assert not torch.equal(expected, images)

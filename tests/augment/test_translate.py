@@ -103,5 +103,5 @@ def test_bad_images() -> None:
         pad_to_region(torch.rand(1, 1, 8, 8) * 255, 2, 0)
     with pytest.raises(ValueError, match="images: expected float"):
         pad_to_region(torch.zeros(1, 1, 8, 8, dtype=torch.uint8), 2, 0)
-    with pytest.raises(ValueError, match="images: expected \\(B, C, H, W\\)"):
+    with pytest.raises(ValueError, match="images: expected images \\(B, C, H, W\\)"):
         pad_to_region(torch.rand(8, 8), 2, 0)

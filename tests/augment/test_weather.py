@@ -142,7 +142,7 @@ def test_works_in_a_dataloader_worker() -> None:
             "images: expected float",
         ),
         (lambda: fog(torch.rand(2, 3, 8, 8) * 2, torch.ones(2, 1, 8, 8), 1.0), "images: expected values in \\[0, 1\\]"),
-        (lambda: fog(torch.rand(3, 8, 8), torch.ones(1, 1, 8, 8), 1.0), "images: expected \\(B, C, H, W\\)"),
+        (lambda: fog(torch.rand(3, 8, 8), torch.ones(1, 1, 8, 8), 1.0), "images: expected images \\(B, C, H, W\\)"),
         (
             lambda: fog(torch.rand(2, 3, 8, 8), torch.ones(2, 1, 8, 8), torch.ones(3)),
             "density: expected a scalar or shape \\(2,\\)",
@@ -165,3 +165,29 @@ def test_fast_and_differentiable_paths_agree() -> None:
     # the blur is the vertical 3-tap Gaussian: an image constant along rows is left as it is
     stripes = torch.arange(16, dtype=torch.float64).remainder(2).expand(1, 1, 16, 16).clone()
     assert torch.equal(rain(stripes, torch.zeros(1, 1, 16, 16, dtype=torch.float64), 0.8, 1.0, 1.0), stripes)
+
+
+@pytest.mark.parametrize("effect", [RandomFog, RandomRain])
+def test_range_is_checked_on_the_cpu_and_never_read_elsewhere(effect) -> None:
+    with pytest.raises(ValueError, match=r"images: expected values in \[0, 1\]"):
+        effect(p=1.0)(torch.rand(2, 3, 16, 16) * 2)  # on the CPU: every call
+    with pytest.raises(ValueError, match="images: contains NaN"):
+        effect(p=1.0)(torch.full((2, 3, 16, 16), float("nan")))
+    # elsewhere no value is read, neither to draw parameters nor to apply them (each read would be a
+    # host sync per batch): a meta tensor has no values to read
+    for p in (1.0, 0.5):
+        aug = effect(severity=(1, 5), p=p).to("meta")
+        out = aug(torch.rand(2, 3, 16, 16, device="meta"))
+        assert out.shape == (2, 3, 16, 16) and out.device.type == "meta" and aug._params["severity"].is_meta
+
+
+def test_streak_sizes_given_as_upper_bounds_change_nothing() -> None:
+    """RandomRain passes the largest drop count and streak of its severities instead of reading them."""
+    from dlguard.augment.functional.weather import _streak_maps
+
+    keys = torch.tensor([3, 1000, 77])
+    density, length, angle = torch.tensor([0.004, 0.03, 0.013]), torch.tensor([2.0, 9.6, 6.5]), torch.full((3,), 15.0)
+    exact = rain_streaks(3, 48, 40, density, length, angle, keys=keys)
+    bounded = _streak_maps(3, 48, 40, density, length, angle, drops=200, half=12, keys=keys)
+    torch.testing.assert_close(bounded, exact, rtol=0, atol=1e-6)
+    assert float(exact.sum()) > 10

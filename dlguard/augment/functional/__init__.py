@@ -1,4 +1,9 @@
-"""Pure perturbation ops on ``(B, C, H, W)`` float tensors in ``[0, 1]``, per-sample parameters."""
+"""Pure perturbation ops with per-sample parameters.
+
+Images ``(B, C, H, W)`` in ``[0, 1]`` for every op but ``gaussian_noise`` and ``brightness_scale``,
+which take any float tensor ``(B, ...)`` and a ``value_range`` (``None`` for unbounded values).
+Checks that read values (range, NaN) run on every call; callers on a training path validate once.
+"""
 
 from dlguard.augment.functional.blur import bilateral_blur, box_blur, gaussian_blur, median_blur
 from dlguard.augment.functional.geometric import rotation, scaling, shearing, translation

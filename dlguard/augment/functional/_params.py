@@ -1,4 +1,4 @@
-"""Per-sample parameters: a scalar for the whole batch, or one value per image."""
+"""Per-sample parameters (a scalar for the whole batch, or one value per input) and per-input keys."""
 
 from __future__ import annotations
 
@@ -14,3 +14,12 @@ def per_sample(name: str, value: Tensor | float, batch: int, like: Tensor) -> Te
     if tensor.shape != (batch,):
         raise ValueError(f"{name}: expected a scalar or shape ({batch},), got {tuple(tensor.shape)}")
     return tensor
+
+
+def check_keys(keys: object, batch: int, name: str = "keys") -> Tensor:
+    """Integer keys ``(B,)``, one per input (see :mod:`dlguard._random`); shape and dtype only, no value read."""
+    if not isinstance(keys, Tensor):
+        raise ValueError(f"{name}: expected an integer tensor of shape ({batch},), got {type(keys).__name__}")
+    if keys.is_floating_point() or keys.is_complex() or keys.dtype == torch.bool or keys.shape != (batch,):
+        raise ValueError(f"{name}: expected integer keys of shape ({batch},), got {keys.dtype} {tuple(keys.shape)}")
+    return keys

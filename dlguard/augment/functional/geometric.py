@@ -12,7 +12,7 @@ from kornia.geometry.transform import shear as _shear
 from kornia.geometry.transform import translate as _translate
 from torch import Tensor
 
-from dlguard.augment.functional._checks import check_images
+from dlguard.augment.functional._inputs import check_image_input, reads_values
 from dlguard.augment.functional._params import per_sample
 
 __all__ = ["rotation", "scaling", "shearing", "translation"]
@@ -26,7 +26,7 @@ def translation(images: Tensor, tx: Tensor | float, ty: Tensor | float) -> Tenso
         >>> divmod(int(translation(x, 1.0, 2.0).flatten().argmax()), 5)
         (4, 3)
     """
-    check_images(images)
+    check_image_input(images)
     batch = len(images)
     shift = torch.stack([per_sample("tx", tx, batch, images), per_sample("ty", ty, batch, images)], dim=1)
     return _translate(images, shift, align_corners=True).clamp(0, 1)
@@ -40,9 +40,9 @@ def scaling(images: Tensor, factor: Tensor | float) -> Tensor:
         >>> divmod(int(scaling(x, 2.0).flatten().argmax()), 5)  # 1 px right of centre -> 2 px
         (2, 4)
     """
-    check_images(images)
+    check_image_input(images)
     factor = per_sample("factor", factor, len(images), images)
-    if (factor <= 0).any():
+    if reads_values() and (factor <= 0).any():
         raise ValueError("factor: expected positive scale factors")
     return _scale(images, torch.stack([factor, factor], dim=1), align_corners=True).clamp(0, 1)
 
@@ -55,7 +55,7 @@ def shearing(images: Tensor, sx: Tensor | float, sy: Tensor | float = 0.0) -> Te
         >>> divmod(int(shearing(x, 0.5).flatten().argmax()), 5)
         (4, 2)
     """
-    check_images(images)
+    check_image_input(images)
     batch = len(images)
     factors = torch.stack([per_sample("sx", sx, batch, images), per_sample("sy", sy, batch, images)], dim=1)
     return _shear(images, factors, align_corners=True).clamp(0, 1)
@@ -69,5 +69,5 @@ def rotation(images: Tensor, degrees: Tensor | float) -> Tensor:
         >>> divmod(int(rotation(x, 90.0).flatten().argmax()), 5)  # right of centre -> above it
         (0, 2)
     """
-    check_images(images)
+    check_image_input(images)
     return _rotate(images, per_sample("degrees", degrees, len(images), images), align_corners=True).clamp(0, 1)

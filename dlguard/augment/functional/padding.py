@@ -6,7 +6,7 @@ import torch
 from kornia.geometry.transform import warp_affine
 from torch import Tensor
 
-from dlguard.augment.functional._checks import check_images
+from dlguard.augment.functional._inputs import check_image_input
 
 __all__ = ["pad_resize", "pad_resize_matrix"]
 
@@ -42,7 +42,7 @@ def pad_resize(images: Tensor, ratio: Tensor, left: Tensor, top: Tensor) -> Tens
         >>> out[0, 0, :4, :4].mean().item() > 0.9, out[0, 0, 5:, 5:].max().item() < 0.1
         (True, True)
     """
-    check_images(images)
+    check_image_input(images)
     batch, _, height, width = images.shape
     for name, value in (("ratio", ratio), ("left", left), ("top", top)):
         if value.shape != (batch,):

@@ -6,7 +6,8 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from dlguard._validation import check_images, check_translation
+from dlguard._validation import check_translation
+from dlguard.augment.functional._inputs import check_image_input, values_trusted
 
 __all__ = ["pad_to_region", "region_translations"]
 
@@ -33,7 +34,7 @@ def pad_to_region(images: Tensor, n: int, region: int | Tensor, t: int = 5) -> T
         (7, 7)
     """
     check_translation(n, t)
-    check_images(images)
+    check_image_input(images)
     batch, _, height, width = images.shape
     regions = torch.as_tensor(region, device=images.device).long().expand(batch) if batch else torch.zeros(0)
     if regions.numel() and (regions.min() < 0 or regions.max() >= n * n):
@@ -57,7 +58,8 @@ def region_translations(images: Tensor, n: int, t: int = 5) -> Tensor:
         torch.Size([9, 4, 1, 28, 28])
     """
     check_translation(n, t)
-    check_images(images)
+    check_image_input(images)
     regions = torch.arange(n * n, device=images.device).repeat_interleave(len(images))
-    moved = pad_to_region(images.repeat(n * n, 1, 1, 1), n, regions, t)
+    with values_trusted():  # checked above, once, rather than on the n² copies
+        moved = pad_to_region(images.repeat(n * n, 1, 1, 1), n, regions, t)
     return moved.reshape(n * n, *images.shape)

@@ -12,10 +12,16 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from dlguard.augment.functional._checks import check_images
-from dlguard.augment.functional._params import per_sample
+from dlguard._random import keyed_uniform
+from dlguard.augment.functional._inputs import check_image_input, reads_values
+from dlguard.augment.functional._params import check_keys, per_sample
 
 __all__ = ["fog", "plasma_field", "rain", "rain_streaks"]
+
+# salts of the keyed draws, one per draw site (and per octave of the plasma field), so that no two
+# draws for the same key share numbers
+_PLASMA_SALT = 0x706C_0000  # + octave
+_RAIN_SALTS = {"y": 0x7261_0001, "x": 0x7261_0002, "brightness": 0x7261_0003}
 
 
 def plasma_field(
@@ -25,6 +31,7 @@ def plasma_field(
     roughness: float = 0.55,
     generator: torch.Generator | None = None,
     device: torch.device | str | None = None,
+    keys: Tensor | None = None,
 ) -> Tensor:
     """Smooth random fields ``(B, 1, H, W)`` in ``[0, 1]``: octaves of noise (a plasma-like fractal).
 
@@ -32,17 +39,42 @@ def plasma_field(
     ``(2^o + 1)²`` grid of uniform noise weighted ``roughness^o``. The octaves are summed up a
     pyramid (each level bilinearly upsampled to the next) and upsampled to ``(H, W)`` once.
 
+    Args:
+        batch: number of fields.
+        height: field height.
+        width: field width.
+        roughness: weight ratio of successive octaves.
+        generator: random generator (CPU) for the noise; default the global RNG on ``device``.
+        device: device of the fields (default: the keys' device, or the CPU).
+        keys: ``(B,)`` integer keys, one per input (:mod:`dlguard._random`): field ``b`` is then fixed
+            by ``keys[b]`` alone (:func:`~dlguard._random.keyed_uniform`, one salt per octave),
+            whatever batch or process it is drawn in. Exclusive with ``generator``.
+
     Example:
         >>> field = plasma_field(2, 32, 48, generator=torch.Generator().manual_seed(0))
         >>> field.shape, bool(field.min() >= 0), bool(field.max() <= 1), bool(field.std() > 0.05)
         (torch.Size([2, 1, 32, 48]), True, True, True)
+        >>> keyed = plasma_field(2, 32, 48, keys=torch.tensor([5, 9]))
+        >>> torch.equal(plasma_field(1, 32, 48, keys=torch.tensor([9]))[0], keyed[1])
+        True
     """
     octaves = max(1, math.ceil(math.log2(max(height, width))) - 1)
+    if keys is not None:
+        if generator is not None:
+            raise ValueError("keys: pass keys or a generator, not both")
+        keys = check_keys(keys, batch).to(device if device is not None else keys.device)
+        device = keys.device
     source = "cpu" if generator is not None else device
-    field = torch.rand(batch, 1, 2, 2, generator=generator, device=source)
+
+    def draw(octave: int, side: int) -> Tensor:
+        if keys is None:
+            return torch.rand(batch, 1, side, side, generator=generator, device=source)
+        return keyed_uniform(keys, (1, side, side), salt=_PLASMA_SALT + octave)
+
+    field = draw(0, 2)
     for octave in range(1, octaves):
         side = 2**octave + 1
-        noise = torch.rand(batch, 1, side, side, generator=generator, device=source)
+        noise = draw(octave, side)
         field = F.interpolate(field, (side, side), mode="bilinear", align_corners=True) + roughness**octave * noise
     low = field.amin(dim=(1, 2, 3), keepdim=True)
     high = field.amax(dim=(1, 2, 3), keepdim=True)
@@ -65,16 +97,16 @@ def fog(images: Tensor, depth: Tensor, density: Tensor | float, airlight: Tensor
     Example:
         >>> import torch
         >>> out = fog(torch.zeros(1, 3, 4, 4), torch.ones(1, 1, 4, 4), density=math.log(2), airlight=1.0)
-        >>> out.unique()  # half the light is scattered airlight
-        tensor([0.5000])
+        >>> torch.allclose(out, torch.full_like(out, 0.5))  # half the light is scattered airlight
+        True
     """
-    check_images(images)
+    check_image_input(images)
     batch = images.shape[0]
     if depth.ndim != 4 or depth.shape[1] != 1 or depth.shape[-2:] != images.shape[-2:]:
         raise ValueError(f"depth: expected (B, 1, {images.shape[-2]}, {images.shape[-1]}), got {tuple(depth.shape)}")
     beta = per_sample("density", density, batch, images).view(-1, 1, 1, 1)
     light = per_sample("airlight", airlight, batch, images).view(-1, 1, 1, 1)
-    if (beta < 0).any() or (light < 0).any() or (light > 1).any():
+    if reads_values() and ((beta < 0).any() or (light < 0).any() or (light > 1).any()):
         raise ValueError("density and airlight: expected density >= 0 and airlight in [0, 1]")
     transmission = torch.exp(-beta * depth.to(images))
     # J·τ + A·(1 − τ) in one fused op; a convex combination of values in [0, 1] needs no clamp
@@ -89,6 +121,7 @@ def rain_streaks(
     length: Tensor,
     angle: Tensor,
     generator: torch.Generator | None = None,
+    keys: Tensor | None = None,
 ) -> Tensor:
     """Streak maps ``(B, 1, H, W)`` in ``[0, 1]``: drops of random brightness drawn as slanted segments.
 
@@ -104,33 +137,83 @@ def rain_streaks(
         density: drops per pixel, per map ``(B,)``.
         length: streak length in pixels ``(B,)``.
         angle: slant in degrees from vertical ``(B,)``; positive tilts the top of a streak to the right.
-        generator: random generator (CPU) for the drops.
+        generator: random generator (CPU) for the drops; default the global RNG.
+        keys: ``(B,)`` integer keys, one per map (:mod:`dlguard._random`): drop ``j`` of map ``b`` is
+            then fixed by ``keys[b]`` and ``j`` alone (:func:`~dlguard._random.keyed_uniform`, one
+            salt per drawn quantity), whatever batch or process it is drawn in. Exclusive with
+            ``generator``.
 
     Example:
         >>> density, length, angle = torch.tensor([0.01, 0.02]), torch.tensor([9.0, 9.0]), torch.tensor([10.0, -10.0])
         >>> s = rain_streaks(2, 32, 32, density, length, angle)
         >>> s.shape, bool(s.max() <= 1), bool((s > 0).float().mean() > 0.05)
         (torch.Size([2, 1, 32, 32]), True, True)
+        >>> keyed = rain_streaks(2, 32, 32, density, length, angle, keys=torch.tensor([5, 9]))
+        >>> alone = rain_streaks(1, 32, 32, density[1:], length[1:], angle[1:], keys=torch.tensor([9]))
+        >>> torch.equal(alone[0], keyed[1])
+        True
+    """
+    if keys is not None:
+        if generator is not None:
+            raise ValueError("keys: pass keys or a generator, not both")
+        keys = check_keys(keys, batch).to(density.device)
+    counts = (density * height * width).round().long()
+    drops = int(counts.max()) if batch else 0  # host syncs; RandomRain knows both sizes from its severities
+    half = math.ceil(float(length.max()) / 2) if drops else 0
+    return _streak_maps(batch, height, width, density, length, angle, drops, half, generator, keys)
+
+
+def _streak_maps(
+    batch: int,
+    height: int,
+    width: int,
+    density: Tensor,
+    length: Tensor,
+    angle: Tensor,
+    drops: int,
+    half: int,
+    generator: torch.Generator | None = None,
+    keys: Tensor | None = None,
+) -> Tensor:
+    """:func:`rain_streaks` given upper bounds on the drops per map and on half a streak's steps (no host sync).
+
+    Drops past a map's count and steps past a streak's length weigh 0, so any bounds at least the
+    actual sizes give the same maps (with keys; other random draws depend on the bounds).
     """
     device, dtype = density.device, density.dtype
-    counts = (density * height * width).round().long()
-    drops = int(counts.max()) if batch else 0
     if drops == 0:
         return torch.zeros(batch, 1, height, width, device=device, dtype=dtype)
-    source = "cpu" if generator is not None else device
-    draws = torch.rand(3, batch, drops, generator=generator, device=source).to(device=device, dtype=dtype)
+    counts = (density * height * width).round().long()
+    if keys is None:
+        source = "cpu" if generator is not None else device
+        draws = torch.rand(3, batch, drops, generator=generator, device=source).to(device=device, dtype=dtype)
+    else:  # drop j of a map depends on (key, j, salt) only, not on how many drops its batch needs
+        draws = torch.stack(
+            [keyed_uniform(keys, (drops,), _RAIN_SALTS[site], dtype) for site in ("y", "x", "brightness")]
+        )
     y0, x0, bright = draws[0] * height, draws[1] * width, 0.5 + 0.5 * draws[2]
     real = torch.arange(drops, device=device) < counts.view(-1, 1)
-    return _draw_streaks(y0, x0, bright * real, length, angle, height, width)
+    return _draw_streaks(y0, x0, bright * real, length, angle, height, width, half)
 
 
 def _draw_streaks(
-    y0: Tensor, x0: Tensor, bright: Tensor, length: Tensor, angle: Tensor, height: int, width: int
+    y0: Tensor,
+    x0: Tensor,
+    bright: Tensor,
+    length: Tensor,
+    angle: Tensor,
+    height: int,
+    width: int,
+    half: int | None = None,
 ) -> Tensor:
-    """Splat segments through drops at ``(y0, x0)`` ``(B, N)`` with brightness ``bright`` (0: none)."""
+    """Splat segments through drops at ``(y0, x0)`` ``(B, N)`` with brightness ``bright`` (0: none).
+
+    ``half``: steps on each side of a drop, at least ``⌈max(length)/2⌉`` (default: that, one host sync).
+    """
     batch = y0.shape[0]
     device, dtype = y0.device, y0.dtype
-    half = math.ceil(float(length.max()) / 2)
+    if half is None:
+        half = math.ceil(float(length.max()) / 2)
     steps = torch.arange(-half, half + 1, device=device, dtype=dtype)  # along the streak, in pixels
     theta = torch.deg2rad(angle).view(-1, 1, 1)
     ys = y0.unsqueeze(2) + steps * torch.cos(theta)
@@ -149,7 +232,8 @@ def _draw_streaks(
         pieces.append((base + col.clamp(0, width - 1).long(), weight * share * inside))
     flat = torch.cat([p[0].flatten() for p in pieces])
     weights = torch.cat([p[1].flatten() for p in pieces])
-    streaks = torch.bincount(flat, weights=weights, minlength=batch * height * width).to(dtype)
+    # a scatter-add into a buffer of known size (bincount would read the largest index: a host sync)
+    streaks = torch.zeros(batch * height * width, device=device, dtype=dtype).index_add_(0, flat, weights)
     return streaks.view(batch, 1, height, width).clamp(0, 1)
 
 
@@ -178,12 +262,12 @@ def rain(
         >>> round(float(out.mean()), 3)
         0.4
     """
-    check_images(images)
+    check_image_input(images)
     batch = images.shape[0]
     if streaks.shape != (batch, 1, *images.shape[-2:]):
         raise ValueError(f"streaks: expected {(batch, 1, *images.shape[-2:])}, got {tuple(streaks.shape)}")
     sigma = per_sample("blur_sigma", blur_sigma, batch, images)
-    if (sigma <= 0).any():
+    if reads_values() and (sigma <= 0).any():
         raise ValueError("blur_sigma: expected positive blur widths")
     dark = per_sample("darkening", darkening, batch, images).view(-1, 1, 1, 1)
     light = per_sample("brightness", brightness, batch, images).view(-1, 1, 1, 1)
