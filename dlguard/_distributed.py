@@ -18,14 +18,22 @@ def rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def gather(tensor: Tensor) -> list[Tensor]:
-    """Every rank's ``tensor`` in rank order (shapes may differ along any dimension); ``[tensor]`` alone.
+def _collective_device(tensor: Tensor) -> torch.device:
+    """NCCL reduces CUDA tensors only; gloo takes tensors where they are."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return tensor.device
 
-    A collective under DDP: every rank must call it.
+
+def gather(tensor: Tensor) -> list[Tensor]:
+    """Every rank's ``tensor`` in rank order (shapes may differ along any dimension), on ``tensor``'s device.
+
+    ``[tensor]`` in one process. A collective under DDP: every rank must call it.
     """
     if world_size() == 1:
         return [tensor]
-    return gather_all_tensors(tensor.contiguous())
+    parts = gather_all_tensors(tensor.to(_collective_device(tensor)).contiguous())
+    return [part.to(tensor.device) for part in parts]
 
 
 def gather_cat(tensor: Tensor) -> Tensor:
@@ -38,6 +46,6 @@ def all_sum(tensor: Tensor) -> Tensor:
     """The sum of ``tensor`` over ranks (a new tensor; the input is untouched)."""
     if world_size() == 1:
         return tensor.clone()
-    total = tensor.clone()
+    total = tensor.to(_collective_device(tensor), copy=True)
     dist.all_reduce(total, op=dist.ReduceOp.SUM)
-    return total
+    return total.to(tensor.device)

@@ -4,7 +4,7 @@ Under DDP each rank sees its own shard, in its own order. Draws made from a gene
 depend on the number of processes; draws keyed by the input's content do not:
 
 - :func:`content_keys` hashes each input's bits (with a seed) to an integer key in
-  ``[0, 2**31)``: a uniform pseudo-random number fixed by the input itself. The inputs with the
+  ``[0, 2**62)``: a uniform pseudo-random number fixed by the input itself. The inputs with the
   smallest keys are a uniform random draw, identical for 1 or N processes and any batch order.
 - :func:`keyed_uniform` and :func:`keyed_normal` are counter-based generators: element ``j`` of the
   draw for key ``k`` and salt ``s`` is a fixed function of ``(k, j, s)`` (a 32-bit integer hash),
@@ -21,8 +21,8 @@ import torch
 from torch import Tensor
 
 _MASK32 = 0xFFFFFFFF
-_PRIME = 2_147_483_647  # 2**31 - 1
-_WEIGHTS: dict[tuple[int, int, str], tuple[Tensor, Tensor]] = {}
+_GOLDEN = 0x9E3779B9
+_POSITIONS: dict[tuple[int, int, str], tuple[Tensor, Tensor]] = {}
 
 
 def _mul32(x: Tensor, constant: int) -> Tensor:
@@ -33,7 +33,7 @@ def _mul32(x: Tensor, constant: int) -> Tensor:
 
 
 def _mix32(x: Tensor) -> Tensor:
-    """A 32-bit integer hash with good avalanche (Wellons' ``lowbias32``)."""
+    """A bijective 32-bit integer hash with good avalanche (Wellons' ``lowbias32``), on ``[0, 2**32)``."""
     x = x ^ (x >> 16)
     x = _mul32(x, 0x7FEB352D)
     x = x ^ (x >> 15)
@@ -41,22 +41,32 @@ def _mix32(x: Tensor) -> Tensor:
     return x ^ (x >> 16)
 
 
-def _weights(size: int, seed: int, device: torch.device) -> tuple[Tensor, Tensor]:
+def _positions(size: int, seed: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Two independent 32-bit hashes of every element position, fixed by ``seed``."""
     cache_key = (size, seed, str(device))
-    if cache_key not in _WEIGHTS:
-        generator = torch.Generator().manual_seed(seed)
-        weights = torch.randint(1, 1 << 20, (2, size), generator=generator, dtype=torch.int64)
-        if len(_WEIGHTS) > 16:  # a few input sizes and devices per run; never grow without bound
-            _WEIGHTS.clear()
-        _WEIGHTS[cache_key] = (weights[0].to(device), weights[1].to(device))
-    return _WEIGHTS[cache_key]
+    if cache_key not in _POSITIONS:
+        if len(_POSITIONS) > 16:  # a few input sizes and devices per run; never grow without bound
+            _POSITIONS.clear()
+        index = torch.arange(size, dtype=torch.int64, device=device)
+        salt = _mix32(torch.tensor(seed & _MASK32, device=device))
+        first = _mix32((_mul32(index, _GOLDEN) ^ salt) & _MASK32)
+        second = _mix32(first ^ 0x5BD1E995)
+        _POSITIONS[cache_key] = (first, second)
+    return _POSITIONS[cache_key]
+
+
+def _fold(total: Tensor) -> Tensor:
+    """A 64-bit sum folded to 32 bits."""
+    return (total ^ (total >> 32)) & _MASK32
 
 
 def content_keys(inputs: Tensor, seed: int = 0) -> Tensor:
-    """An integer key in ``[0, 2**31)`` per input ``(B, ...)``, fixed by its content and ``seed``.
+    """An integer key in ``[0, 2**62)`` per input ``(B, ...)``, fixed by its content and ``seed``.
 
-    Float inputs are keyed by their value in float32, so a float64 copy of a batch (Lightning's
-    ``precision="64-true"``) keys like the float32 original.
+    Every element is hashed with its position (two independent 32-bit hashes, summed over the
+    input), so inputs that differ anywhere get different keys but with probability about
+    ``2**-62``. Float inputs are keyed by their value in float32, so a float64 copy of a batch
+    (Lightning's ``precision="64-true"``) keys like the float32 original.
 
     Example:
         >>> import torch
@@ -67,17 +77,25 @@ def content_keys(inputs: Tensor, seed: int = 0) -> Tensor:
     """
     if inputs.ndim < 1:
         raise ValueError(f"inputs: expected a batch (B, ...), got shape {tuple(inputs.shape)}")
+    if len(inputs) == 0:
+        return torch.zeros(0, dtype=torch.int64, device=inputs.device)
     flat = inputs.detach().reshape(len(inputs), -1)
     if flat.is_floating_point():
         bits = flat.float().contiguous().view(torch.int32).long() & _MASK32
-    elif flat.dtype == torch.bool:
-        bits = flat.long()
     else:
         bits = flat.long() & _MASK32
-    low_weights, high_weights = _weights(flat.shape[1], seed, flat.device)
-    total = ((bits & 0xFFFF) * low_weights).sum(dim=1) + ((bits >> 16) * high_weights).sum(dim=1)
-    mixed = _mix32((total % _PRIME) ^ (seed & _MASK32))
-    return _mix32(mixed ^ ((total >> 31) % _PRIME)) >> 1
+    first, second = _positions(flat.shape[1], seed, flat.device)
+    high = _mix32(_fold(_mix32(bits ^ first).sum(dim=1)))
+    low = _mix32(_fold(_mix32(bits ^ second).sum(dim=1)) ^ high)
+    return ((high >> 1) << 31) | (low >> 1)
+
+
+def _row_hash(keys: Tensor) -> tuple[Tensor, Tensor]:
+    """Two 32-bit hashes of 62-bit keys, made differently from the element counter's."""
+    keys = keys.long()
+    first = _mix32(((keys & _MASK32) ^ 0x68E31DA4) & _MASK32)
+    second = _mix32(((keys >> 32) & _MASK32) ^ _mix32(first ^ 0xB5297A4D))
+    return first, second
 
 
 def keyed_uniform(keys: Tensor, shape: tuple[int, ...], salt: int = 0, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -91,9 +109,10 @@ def keyed_uniform(keys: Tensor, shape: tuple[int, ...], salt: int = 0, dtype: to
     """
     size = math.prod(shape)
     counter = torch.arange(size, device=keys.device, dtype=torch.int64)
-    stream = _mix32((counter + _mul32(torch.tensor(salt & _MASK32, device=keys.device), 0x9E3779B9)) & _MASK32)
-    row = _mix32(keys.long().reshape(-1, 1) & _MASK32)
-    draws = _mix32(_mix32(stream.unsqueeze(0) ^ row) ^ 0x5BD1E995)
+    salt_hash = _mix32(torch.tensor((salt * _GOLDEN + 0x1B56C4E9) & _MASK32, device=keys.device))
+    stream = _mix32(_mul32(counter, _GOLDEN) ^ salt_hash)
+    first, second = _row_hash(keys.reshape(-1))
+    draws = _mix32((_mix32(stream.unsqueeze(0) ^ second.unsqueeze(1)) + first.unsqueeze(1)) & _MASK32)
     return ((draws + 1).to(torch.float64) / 2.0**32).to(dtype).reshape(len(keys), *shape)
 
 

@@ -98,7 +98,7 @@ def check_images(images: Tensor, name: str = "images", bounds: tuple[float, floa
 
 
 def check_labels(name: str, target: object, batch: int | None = None, num_classes: int | None = None) -> Tensor:
-    """Integer class labels ``(B,)`` in ``[0, num_classes)`` (one reduction when ``num_classes`` is given)."""
+    """Integer class labels ``(B,)``, none negative, below ``num_classes`` when given (one or two reductions)."""
     if not isinstance(target, Tensor):
         raise ValueError(f"{name}: expected a tensor of integer class labels, got {type(target).__name__}")
     if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
@@ -106,10 +106,12 @@ def check_labels(name: str, target: object, batch: int | None = None, num_classe
     expected = "(B,)" if batch is None else f"({batch},)"
     if target.ndim != 1 or (batch is not None and target.shape[0] != batch):
         raise ValueError(f"{name}: expected labels of shape {expected}, got {tuple(target.shape)}")
-    if num_classes is not None and target.numel():
+    if target.numel() and num_classes is not None:
         low, high = int(target.min()), int(target.max())
         if low < 0 or high >= num_classes:
             raise ValueError(f"{name}: expected labels in [0, {num_classes}), got labels in [{low}, {high}]")
+    elif target.numel() and int(target.min()) < 0:
+        raise ValueError(f"{name}: expected class labels of 0 or more, got {int(target.min())}")
     return target
 
 

@@ -25,7 +25,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _wandb_offline(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Never let a test reach the W&B servers or write into the working directory."""
+    """Never let a test reach the W&B servers or write into the working directory.
+
+    Each test runs in a fresh working directory: a Trainer without a logger writes its figures
+    under ``default_root_dir``, which defaults to the working directory, never the checkout.
+    """
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path_factory.mktemp("wandb")))
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))

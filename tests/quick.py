@@ -24,17 +24,19 @@ def quick_trainer(
 ) -> L.Trainer:
     """A seeded, quiet Trainer on a few batches, logging CSV into ``tmp_path``."""
     L.seed_everything(0, verbose=False)
+    settings: dict[str, Any] = {
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "enable_checkpointing": any(isinstance(c, L.pytorch.callbacks.ModelCheckpoint) for c in callbacks),
+        "logger": CSVLogger(tmp_path, name="", version=""),
+        "default_root_dir": tmp_path,
+    }
     return L.Trainer(
         max_epochs=epochs,
         limit_train_batches=train_batches,
         limit_val_batches=val_batches,
         callbacks=callbacks,
-        logger=CSVLogger(tmp_path, name="", version=""),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        default_root_dir=tmp_path,
-        **kwargs,
+        **(settings | kwargs),
     )
 
 

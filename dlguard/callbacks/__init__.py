@@ -1,7 +1,9 @@
-"""Lightning callbacks that schedule probes during validation and feed failures back to training."""
+"""Lightning callbacks that measure models during validation and feed failures back into training."""
 
+from dlguard.callbacks.base import ProbeCallback
 from dlguard.callbacks.coverage import NeuronCoverageCallback
 from dlguard.callbacks.dscore import DScoreCallback
+from dlguard.callbacks.replay import FailureReplay
 from dlguard.callbacks.robustness import RobustnessCallback
 
-__all__ = ["DScoreCallback", "NeuronCoverageCallback", "RobustnessCallback"]
+__all__ = ["DScoreCallback", "FailureReplay", "NeuronCoverageCallback", "ProbeCallback", "RobustnessCallback"]

@@ -1,8 +1,8 @@
-"""Neuron coverage measured on the forward passes validation already makes."""
+"""Neuron coverage measured on the forward passes the evaluation loop already makes."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import lightning as L
@@ -12,23 +12,20 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Subset
 from torch.utils.hooks import RemovableHandle
 
-from dlguard.callbacks._final_figure import _FinalFigureCallback
+from dlguard._validation import positive_int, probability
+from dlguard.callbacks.base import ProbeCallback
+from dlguard.data.batch import BatchKeys
+from dlguard.data.probe_set import ProbeSet
 from dlguard.metrics.coverage import (
     KMultisectionCoverage,
     NeuronBoundaryCoverage,
     NeuronCoverage,
     StrongNeuronActivationCoverage,
     TopKNeuronCoverage,
-    _LayerCoverage,
 )
-from dlguard.metrics.functional.coverage import (
-    NeuronRange,
-    _check_k,
-    _check_threshold,
-    _scaled_neuron_values,
-    neuron_values,
-)
-from dlguard.probes.capture import _first_tensor
+from dlguard.metrics.functional.coverage import NeuronRange, neuron_values
+from dlguard.metrics.functional.coverage import _scaled_neuron_values as scaled_neuron_values
+from dlguard.probes.evaluation import is_probing
 from dlguard.probes.layers import LayerSpec
 from dlguard.probes.neurons import neuron_layers, neuron_output, profile_neuron_ranges
 from dlguard.report.figures import plot_coverage_by_layer
@@ -41,44 +38,29 @@ CRITERIA = ("nc", "kmnc", "nbc", "snac", "tknc")
 _RANGE_CRITERIA = {"kmnc", "nbc", "snac"}
 
 
-def _profiling_loader(trainer: L.Trainer) -> DataLoader:
-    """The training data in a loader of its own, each rank its own slice.
-
-    Iterating the trainer's shuffling loader would advance its sampler's generator and change the
-    batches training sees; the loader's own generator keeps its base seed off the global RNG
-    that augmentations and dropout draw from.
-    """
-    train = trainer.train_dataloader
-    if not isinstance(train, DataLoader):
-        raise ValueError("ranges: profiling needs a single training DataLoader; pass ranges= instead")
-    dataset = train.dataset
-    if trainer.world_size > 1:
-        dataset = Subset(dataset, range(trainer.global_rank, len(dataset), trainer.world_size))
-    return DataLoader(
-        dataset,
-        batch_size=train.batch_size or 1,
-        shuffle=False,
-        collate_fn=train.collate_fn,
-        generator=torch.Generator(),
-    )
-
-
 def _join(parts: list[Tensor]) -> Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-class NeuronCoverageCallback(_FinalFigureCallback):
-    """Measure coverage criteria on the validation loop's own forward passes (no second pass).
+class NeuronCoverageCallback(ProbeCallback):
+    """Measure coverage criteria on the evaluation loop's own forward passes (no second pass).
 
-    Forward hooks are registered on the selected layers when a scheduled validation epoch starts
-    and removed when it ends (also when an exception escapes the loop, and at teardown). Each
-    hook reads a layer output once, reducing it to per-neuron values shared by every criterion.
+    Forward hooks on the selected layers live for one scheduled validation (or test) epoch and
+    count only the forward passes the loop's own ``validation_step``/``test_step`` makes: passes
+    other dlguard callbacks make to measure the model in the same epoch (mutants, sweeps) are
+    neither counted nor paid for beyond a flag check. Each hook reads a layer output once, reducing
+    it to per-neuron values shared by every criterion. See :class:`~dlguard.callbacks.ProbeCallback`
+    for the schedule (``every_n_epochs``) shared by every dlguard callback.
+
     KMNC, NBC and SNAC need per-neuron ranges: pass ``ranges`` (from
     :func:`~dlguard.metrics.profile_neuron_ranges`, e.g. on a finished model) or let the callback
-    profile them once, on the training dataloader, at the first scheduled validation epoch of a
-    fit -- on the model as trained so far, not the untrained one of ``on_train_start`` -- with a
-    loader of its own, so training's shuffling is untouched (min/max reduced over ranks); they
-    are kept in the checkpoint. Metric states reduce across processes, so DDP reports the whole validation set.
+    profile them once on the training data, at the first scheduled validation epoch of a fit -- on
+    the model as trained so far -- with a loader of its own (training's shuffling and the global RNG
+    are untouched), through the same ``preprocess`` and ``batch_keys`` as the rest of dlguard, so the
+    ranges describe what the model sees during validation; under DDP each process profiles its
+    slice and the bounds are reduced by min/max. ``trainer.validate``/``trainer.test`` without
+    ranges profile on the datamodule's training loader. Ranges are kept in the checkpoint. Metric
+    states reduce across processes, so DDP reports the whole validation set.
 
     Logged metrics:
         ``coverage/<criterion>`` per scheduled epoch (e.g. ``coverage/nc``). With a
@@ -89,18 +71,23 @@ class NeuronCoverageCallback(_FinalFigureCallback):
     Args:
         criteria: any of ``"nc"``, ``"kmnc"``, ``"nbc"``, ``"snac"``, ``"tknc"``.
         layers: ``"auto"`` (every ``Linear``, ``Conv1d/2d/3d``, ``LSTM``/``GRU``/``RNN``) or names.
-        every_n_epochs: measure during every this many validation epochs.
+        every_n_epochs: measure at the validation run of every this many training epochs.
         threshold: NC threshold in ``[0, 1]``.
         sections: KMNC's ``k``.
         top_k: TKNC's ``k``.
         ranges: per-neuron ``{layer: NeuronRange}``; profiled from training data when omitted.
         max_profile_batches: cap the profiling pass.
+        preprocess: applied to the training loader's inputs when profiling, as the model sees them
+            during validation (e.g. ``Normalize``).
+        batch_keys: ``(inputs key, target key)`` of the batches, or a callable ``batch -> (inputs, target)``.
 
     Example:
         >>> import lightning as L
         >>> callback = NeuronCoverageCallback(criteria=("nc", "tknc"))
         >>> trainer = L.Trainer(callbacks=[callback], logger=False, enable_progress_bar=False)
     """
+
+    prefix = "coverage"
 
     def __init__(
         self,
@@ -112,23 +99,27 @@ class NeuronCoverageCallback(_FinalFigureCallback):
         top_k: int = 2,
         ranges: Mapping[str, NeuronRange] | None = None,
         max_profile_batches: int | None = None,
+        preprocess: Callable[[Tensor], Tensor] | None = None,
+        batch_keys: BatchKeys = (0, 1),
     ) -> None:
         unknown = [c for c in criteria if c not in CRITERIA]
-        if unknown or not criteria:
-            raise ValueError(f"criteria: unknown {unknown}; choose from {list(CRITERIA)}")
-        _check_threshold(threshold)
-        _check_k(sections, "sections")
-        _check_k(top_k, "top_k")
-        _check_k(every_n_epochs, "every_n_epochs")
+        if unknown or not criteria or isinstance(criteria, str):
+            raise ValueError(f"criteria: unknown {unknown or criteria!r}; choose from {list(CRITERIA)}")
+        probability("threshold", threshold)
+        positive_int("sections", sections)
+        positive_int("top_k", top_k)
+        if max_profile_batches is not None:
+            positive_int("max_profile_batches", max_profile_batches)
+        super().__init__(every_n_epochs=every_n_epochs, preprocess=preprocess, batch_keys=batch_keys)
         self.criteria = tuple(dict.fromkeys(criteria))
-        self.layers, self.every_n_epochs = layers, every_n_epochs
+        self.layers = layers
         self.threshold, self.sections, self.top_k = threshold, sections, top_k
         self.ranges = None if ranges is None else {k: NeuronRange(*v) for k, v in ranges.items()}
         self.max_profile_batches = max_profile_batches
-        self.history: list[dict[str, Any]] = []
         self._handles: list[RemovableHandle] = []
         self._batch: dict[str, list[tuple[Tensor, Tensor]]] = {}
-        self._metrics: dict[str, _LayerCoverage] = {}
+        self._metrics: dict[str, Any] = {}
+        self._recording = False
 
     @property
     def state_key(self) -> str:
@@ -140,20 +131,55 @@ class NeuronCoverageCallback(_FinalFigureCallback):
 
     # ---- set-up: check everything before any work -------------------------------------------
 
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+    def _check_model(self, pl_module: nn.Module) -> None:
         self._layers = neuron_layers(pl_module, self.layers)
         if self.ranges is not None and set(self.ranges) != set(self._layers):
             raise ValueError(f"ranges: expected the layers {list(self._layers)}, got {list(self.ranges)}")
-        if self.needs_ranges and self.ranges is None and stage != "fit":
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if self.needs_ranges and self.ranges is None and stage != "fit" and not self._has_training_data(trainer):
             raise ValueError(
                 f"ranges: criteria {sorted(_RANGE_CRITERIA.intersection(self.criteria))} need per-neuron ranges "
-                "and there is no training data to profile outside fit; pass ranges="
-                "dlguard.metrics.profile_neuron_ranges(model, train_loader, layers)"
+                f"and {getattr(stage, 'value', stage)} has no training data to profile them on; pass ranges="
+                "dlguard.metrics.profile_neuron_ranges(model, train_loader, layers) or a datamodule with training data"
             )
+
+    @staticmethod
+    def _has_training_data(trainer: L.Trainer) -> bool:
+        datamodule = trainer.datamodule
+        return (
+            datamodule is not None and type(datamodule).train_dataloader is not L.LightningDataModule.train_dataloader
+        )
+
+    def _profiling_loader(self, trainer: L.Trainer) -> DataLoader:
+        """The training data in a loader of its own, each rank its own slice.
+
+        Iterating the trainer's shuffling loader would advance its sampler's generator and change
+        the batches training sees; the loader's own generator keeps its base seed off the global
+        RNG that augmentations and dropout draw from.
+        """
+        train = trainer.train_dataloader if trainer.state.fn == "fit" else trainer.datamodule.train_dataloader()
+        if not isinstance(train, DataLoader):
+            raise ValueError("ranges: profiling needs a single training DataLoader; pass ranges= instead")
+        dataset = train.dataset
+        if trainer.world_size > 1:
+            dataset = Subset(dataset, range(trainer.global_rank, len(dataset), trainer.world_size))
+        return DataLoader(
+            dataset,
+            batch_size=train.batch_size or 1,
+            shuffle=False,
+            collate_fn=train.collate_fn,
+            generator=torch.Generator(),
+        )
 
     def _profile(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         ranges = profile_neuron_ranges(
-            pl_module, _profiling_loader(trainer), self._layers, max_batches=self.max_profile_batches
+            self.adapter,
+            self._profiling_loader(trainer),
+            self._layers,
+            max_batches=self.max_profile_batches,
+            batch_inputs=self.accessor.inputs,
         )
         self.ranges = {name: self._reduce_over_ranks(pl_module, r) for name, r in ranges.items()}
 
@@ -164,38 +190,43 @@ class NeuronCoverageCallback(_FinalFigureCallback):
             low, high = low.amin(dim=0), high.amax(dim=0)
         return NeuronRange(low, high)
 
-    # ---- hooks live for one validation epoch ------------------------------------------------
+    # ---- hooks live for one evaluation epoch, and count only the loop's own steps ------------
 
-    def _scheduled(self, trainer: L.Trainer) -> bool:
-        return not trainer.sanity_checking and (trainer.current_epoch + 1) % self.every_n_epochs == 0
-
-    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def _start(self, trainer: L.Trainer, stage: str, loaders: int) -> None:
+        self._remove_hooks()
         if not self._scheduled(trainer):
             return
         if self.needs_ranges and self.ranges is None:
-            self._profile(trainer, pl_module)  # once, on the model as trained so far
-        self._remove_hooks()
+            self._profile(trainer, trainer.lightning_module)  # once, on the model as trained so far
         for metric in self._metrics.values():  # an epoch cut short by an exception left counts behind
             metric.reset()
         for name, module in self._layers.items():
 
             def read(module: nn.Module, _inputs: Any, output: Any, name: str = name) -> None:
-                activation = neuron_output(module, _first_tensor(output)).detach()
+                if not self._recording or is_probing():
+                    return
+                activation = neuron_output(module, output).detach()
                 values = neuron_values(activation)
-                scaled = _scaled_neuron_values(activation, values) if "nc" in self.criteria else values
+                scaled = scaled_neuron_values(activation, values) if "nc" in self.criteria else values
                 self._batch.setdefault(name, []).append((values, scaled))
 
             self._handles.append(module.register_forward_hook(read))
 
-    def on_validation_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
+    def _step_starts(self) -> None:
+        self._recording = bool(self._handles)
+
+    def on_validation_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
+        self._step_starts()
+
+    def on_test_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._step_starts()
+
+    def _collect(self, pl_module: L.LightningModule, batch: Any, dataloader_idx: int) -> None:
+        self._recording = False
         if not self._handles or not self._batch:
             return
         values = {name: _join([v for v, _ in parts]) for name, parts in self._batch.items()}
@@ -206,7 +237,7 @@ class NeuronCoverageCallback(_FinalFigureCallback):
         for criterion, metric in self._metrics.items():
             metric.update(scaled if criterion == "nc" else values)
 
-    def _make_metrics(self, sizes: dict[str, int], device: torch.device) -> dict[str, _LayerCoverage]:
+    def _make_metrics(self, sizes: dict[str, int], device: torch.device) -> dict[str, Any]:
         make = {
             "nc": lambda: NeuronCoverage(sizes, self.threshold, scale=False, per_layer=True),
             "kmnc": lambda: KMultisectionCoverage(self.ranges, self.sections, per_layer=True),
@@ -216,28 +247,31 @@ class NeuronCoverageCallback(_FinalFigureCallback):
         }
         return {criterion: make[criterion]().to(device) for criterion in self.criteria}
 
-    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self._handles:
-            return
+    def _end(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        had_hooks = bool(self._handles)
         self._remove_hooks()
-        if not self._metrics:
-            return
+        if had_hooks and self._metrics:
+            super()._end(trainer, pl_module, stage)
+
+    def _measure(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, probe: ProbeSet | None, stage: str
+    ) -> tuple[dict[str, Any], dict[str, float]]:
         per_layer = {criterion: metric.compute() for criterion, metric in self._metrics.items()}
         for metric in self._metrics.values():
             metric.reset()
         record = {
-            "epoch": trainer.current_epoch,
             **{criterion: float(values["all"]) for criterion, values in per_layer.items()},
             "per_layer": {c: {k: float(v) for k, v in values.items() if k != "all"} for c, values in per_layer.items()},
         }
-        self.history.append(record)
-        # compute() already reduced the states over ranks: every rank logs the same values
-        pl_module.log_dict({f"coverage/{c}": record[c] for c in self.criteria}, sync_dist=False)
+        return record, {f"coverage/{c}": record[c] for c in self.criteria}
+
+    def _figures(self, record: Mapping[str, Any]) -> dict[str, Figure]:
+        return {"coverage/by_layer": plot_coverage_by_layer(record["per_layer"])}
+
+    def _publish(self, trainer: L.Trainer, record: dict[str, Any]) -> None:
+        # native W&B bar charts each epoch (drawn by W&B, not rendered here); PNG once at the end otherwise
         for criterion, layers in record["per_layer"].items():
             log_wandb_bars(trainer, f"coverage/by_layer/{criterion}", layers, f"{criterion.upper()} per layer")
-
-    def _final_figure(self) -> tuple[str, Figure] | None:
-        return ("coverage/by_layer", plot_coverage_by_layer(self.history[-1]["per_layer"])) if self.history else None
 
     # ---- cleaning up ------------------------------------------------------------------------
 
@@ -246,6 +280,7 @@ class NeuronCoverageCallback(_FinalFigureCallback):
             handle.remove()
         self._handles.clear()
         self._batch.clear()
+        self._recording = False
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._remove_hooks()
@@ -255,11 +290,10 @@ class NeuronCoverageCallback(_FinalFigureCallback):
 
     # ---- checkpointing ----------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
+    def _extra_state(self) -> dict[str, Any]:
         ranges = None if self.ranges is None else {k: (v.low.cpu(), v.high.cpu()) for k, v in self.ranges.items()}
-        return {"ranges": ranges, "history": self.history}
+        return {"ranges": ranges}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.history = list(state_dict.get("history", []))
-        if state_dict.get("ranges") is not None:
-            self.ranges = {k: NeuronRange(*v) for k, v in state_dict["ranges"].items()}
+    def _load_extra_state(self, state: Mapping[str, Any]) -> None:
+        if state.get("ranges") is not None:
+            self.ranges = {k: NeuronRange(*v) for k, v in state["ranges"].items()}

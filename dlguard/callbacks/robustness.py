@@ -2,72 +2,100 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Sequence
-from pathlib import Path
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import lightning as L
-import matplotlib.pyplot as plt
 import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from dlguard._validation import positive_int
 from dlguard.augment.error_guided import ErrorGuidedAugmentation
 from dlguard.augment.properties import Property, default_properties
-from dlguard.callbacks._final_figure import _FinalFigureCallback
-from dlguard.data.sampling import balanced_correct_subset
-from dlguard.generate.sweep import robustness_sweep
-from dlguard.metrics.functional.robustness import digit_sum
-from dlguard.metrics.robustness import AdderGlobalRobustness, LocalRobustness
-from dlguard.probes import evaluation
-from dlguard.report.errors import summarize_errors
+from dlguard.callbacks.base import ProbeCallback
+from dlguard.data.batch import BatchKeys
+from dlguard.data.failure_bank import FailureBank
+from dlguard.data.probe_set import ProbeSet, ProbeSetPolicy
+from dlguard.generate.sweep import RobustnessSweep, robustness_sweep
+from dlguard.report.errors import ErrorSummary, summarize_errors
 from dlguard.report.figures import plot_robustness_curves
-from dlguard.report.logging import find_wandb_logger
 
 __all__ = ["RobustnessCallback"]
 
 
-class RobustnessCallback(_FinalFigureCallback):
+def _local_proposal(sweep: RobustnessSweep, properties: Sequence[Property]) -> list[list[float]]:
+    """``[class][property]`` augmentation probabilities from local robustness alone (no adder).
+
+    The failure rate of class ``c`` under property ``p`` is ``1 − LR_{c,p}`` averaged over the
+    levels (classes absent from the probe set: 0); as in the error summary's proposal, the weakest
+    cell gets probability 1 and the others their rate relative to it.
+    """
+    rates = torch.stack(
+        [(1 - sweep.local[p.name].per_class[: len(p.levels)]).nan_to_num(0.0).mean(dim=0) for p in properties], dim=1
+    )  # (classes, properties)
+    top = float(rates.max()) if rates.numel() else 0.0
+    return (rates / top if top > 0 else torch.zeros_like(rates)).clamp(0, 1).tolist()
+
+
+class RobustnessCallback(ProbeCallback):
     """The comprehensive framework (SPEC §5) at the end of validation, on a fixed balanced probe set.
 
-    The probe set is drawn once, at the first scheduled validation epoch, with
-    :func:`~dlguard.data.balanced_correct_subset` from the validation dataset (``per_class``
-    correctly predicted inputs per class, fixed seed; fewer are used whole, with a warning). Every
-    property is applied at every severity level, batched on the device; the local robustness metric
-    gets the logits, the adder gets ``pairs`` random input pairs (both perturbed alike), and
-    :func:`~dlguard.report.summarize_errors` explains the failed pairs. Under DDP each rank sweeps its
-    shard of the probe set and its share of the pairs; metric states sum, the pair records are
-    gathered for the summary.
+    The probe set holds ``per_class`` inputs of every class that the model, as trained at the first
+    scheduled validation epoch, classifies correctly, drawn uniformly (content-keyed) from the
+    batches that epoch loads; classes with fewer are used whole, with a warning giving the counts,
+    and classes with none are reported (their ``LR_{c,p}`` is NaN and ``LR_p`` averages the others).
+    See :class:`~dlguard.callbacks.ProbeCallback` for the schedule, the probe-set policy, the model
+    adapter and ``batch_keys``, shared by every dlguard callback.
 
-    With ``guide=ErrorGuidedAugmentation()`` the guide takes each summary's proposal and augments
-    every training batch (``batch[0]`` images, ``batch[1]`` labels) in place, on the device, in
-    ``on_train_batch_start``.
+    Each measurement applies every property at every severity level
+    (:func:`~dlguard.generate.robustness_sweep`, batched, the model in eval mode and left as found,
+    training's RNG untouched, noise keyed by input so every epoch and every process sees the same
+    draws). With ``combine`` (e.g. :func:`~dlguard.metrics.functional.digit_sum` for digits), ``pairs``
+    input pairs per property are judged by the adder and :func:`~dlguard.report.summarize_errors`
+    explains the failed pairs. Under DDP N processes report the numbers of one process.
+
+    Feedback: with ``guide=ErrorGuidedAugmentation()`` the guide takes each measurement's proposal --
+    the error summary's with ``combine``, else one made the same way from ``1 − LR_{c,p}`` -- and
+    augments every training batch in place, on the device; with ``bank=`` the perturbed inputs the
+    model got wrong (at most ``bank.capacity`` per measurement) are deposited, labelled, for
+    :class:`~dlguard.callbacks.FailureReplay`.
 
     Logged metrics:
-        ``robustness/<property>`` (mean ``LR_p`` over severities), ``robustness/<property>@<level>``,
-        ``global_robustness/<property>`` (adder, mean over severities). With a ``WandbLogger``,
-        robustness curves as ``wandb.plot.line_series`` each epoch; without, a PNG when the run
-        ends. ``error_summary.json``, ``error_summary.md``, ``failure_rates.png`` and
-        ``top_confusions.png`` go to ``<log_dir>/robustness/``.
+        ``robustness/<property>`` (mean ``LR_p`` over levels), ``robustness/<property>@<level>``, and
+        with ``combine`` ``global_robustness/<property>`` (adder, mean over levels). With a
+        ``WandbLogger``, one chart per property with its own levels (σ, θ, β...) on the x axis,
+        ``robustness/curve/<property>``, each measurement; without, ``robustness_curves.png`` when
+        the run ends. ``error_summary.json``/``.md`` go to ``<log_dir>/robustness/`` (and into the
+        W&B run) at each measurement with ``combine``.
 
     Args:
-        properties: the properties to sweep, each with increasing levels.
+        properties: the properties to sweep, each with increasing levels (default: noise, rotation,
+            brightness, :func:`~dlguard.augment.default_properties`).
         per_class: probe inputs per class.
         pairs: adder pairs per property and level.
-        every_n_epochs: sweep after every this many validation epochs.
-        guide: an :class:`~dlguard.augment.ErrorGuidedAugmentation` to drive, or ``None``.
-        num_classes: ``C``; default: the width of the model's logits.
-        combine: the adder's combination of two labels (default: their sum).
+        every_n_epochs: measure at the validation run of every this many training epochs.
+        guide: an :class:`~dlguard.augment.ErrorGuidedAugmentation` over the same properties, or ``None``.
+        num_classes: ``C``; default the width of the model's logits.
+        combine: the adder's combination of two labels; ``None`` measures local robustness only.
+        bank: a :class:`~dlguard.data.FailureBank` to deposit failures into, or ``None``.
         max_batch: rows per forward pass during the sweep.
-        seed: seed of the probe draw and of the pairs.
+        preprocess: applied to perturbed inputs before the model, e.g. ``Normalize``.
+        output_transform: maps the model's output to logits.
+        batch_keys: ``(inputs key, target key)`` of the batches, or a callable ``batch -> (inputs, target)``.
+        dataloader_idx: the validation loader the probe set is drawn from.
+        seed: seed of the probe draw, the pairs and unkeyed random properties.
 
     Example:
         >>> import lightning as L
         >>> from dlguard.augment import ErrorGuidedAugmentation
-        >>> callback = RobustnessCallback(per_class=50, pairs=200, guide=ErrorGuidedAugmentation())
+        >>> from dlguard.metrics.functional import digit_sum
+        >>> callback = RobustnessCallback(per_class=50, pairs=200, combine=digit_sum, guide=ErrorGuidedAugmentation())
         >>> trainer = L.Trainer(callbacks=[callback], logger=False, enable_progress_bar=False)
     """
+
+    prefix = "robustness"
 
     def __init__(
         self,
@@ -77,145 +105,184 @@ class RobustnessCallback(_FinalFigureCallback):
         every_n_epochs: int = 1,
         guide: ErrorGuidedAugmentation | None = None,
         num_classes: int | None = None,
-        combine: Callable[[Tensor, Tensor], Tensor] = digit_sum,
+        combine: Callable[[Tensor, Tensor], Tensor] | None = None,
+        bank: FailureBank | None = None,
         max_batch: int = 1024,
+        preprocess: Callable[[Tensor], Tensor] | None = None,
+        output_transform: Callable[[Any], Tensor] | None = None,
+        batch_keys: BatchKeys = (0, 1),
+        dataloader_idx: int = 0,
         seed: int = 0,
     ) -> None:
         self.properties = list(properties) if properties is not None else default_properties()
-        names = [p.name for p in self.properties]
-        if not names or len(set(names)) != len(names):
-            raise ValueError(f"properties: expected distinct property names, got {names}")
-        for name, value in (("per_class", per_class), ("pairs", pairs), ("every_n_epochs", every_n_epochs)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+        names = [getattr(p, "name", None) for p in self.properties]
+        if not names or len(set(names)) != len(names) or not all(isinstance(p, Property) for p in self.properties):
+            raise ValueError(f"properties: expected Property objects with distinct names, got {names}")
+        positive_int("per_class", per_class)
+        positive_int("pairs", pairs)
+        positive_int("max_batch", max_batch)
+        if num_classes is not None:
+            positive_int("num_classes", num_classes, minimum=2)
         if guide is not None and [p.name for p in guide.properties] != names:
             raise ValueError(f"guide: its properties {[p.name for p in guide.properties]} must be {names}")
-        self.per_class, self.pairs, self.every_n_epochs = per_class, pairs, every_n_epochs
-        self.guide, self.num_classes, self.combine = guide, num_classes, combine
-        self.max_batch, self.seed = max_batch, seed
-        self.history: list[dict[str, Any]] = []
-        self.summary: dict[str, Any] | None = None
-        self._probe: tuple[Tensor, Tensor] | None = None
+        if combine is not None and not callable(combine):
+            raise ValueError(f"combine: expected a callable of two label tensors or None, got {type(combine).__name__}")
+        if bank is not None and not isinstance(bank, FailureBank):
+            raise ValueError(f"bank: expected a FailureBank or None, got {type(bank).__name__}")
+        super().__init__(
+            every_n_epochs=every_n_epochs,
+            preprocess=preprocess,
+            output_transform=output_transform,
+            batch_keys=batch_keys,
+            dataloader_idx=dataloader_idx,
+            seed=seed,
+        )
+        self.per_class, self.pairs, self.max_batch = per_class, pairs, max_batch
+        self.guide, self.num_classes, self.combine, self.bank = guide, num_classes, combine, bank
+        self.proposal: list[list[float]] | None = None
+        """The guide's latest ``[class][property]`` probabilities, or ``None`` before a measurement."""
+        self.error_summary: dict[str, Any] | None = None
+        """The latest error summary as plain values (without its per-pair failure list), or ``None``."""
+        self._pending_summary: ErrorSummary | None = None  # written out by rank zero after the measurement
 
     @property
     def state_key(self) -> str:
         return self._generate_state_key(properties=[p.name for p in self.properties])
 
-    # ---- the sweep --------------------------------------------------------------------------
+    def _probe_policy(self) -> ProbeSetPolicy:
+        ranges = {getattr(p, "value_range", (0.0, 1.0)) for p in self.properties}
+        bounds = next(iter(ranges)) if len(ranges) == 1 else (0.0, 1.0)
+        return ProbeSetPolicy(per_class=self.per_class, correct_only=True, seed=self.seed, value_range=bounds)
 
-    def _draw_probe(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        dataset = trainer.val_dataloaders.dataset
-        subset = balanced_correct_subset(pl_module, dataset, self.per_class, self.seed, num_classes=self.num_classes)
-        shard = subset.indices[trainer.global_rank :: trainer.world_size]
-        images = torch.stack([dataset[i][0] for i in shard]).to(pl_module.device)
-        labels = torch.tensor([int(dataset[i][1]) for i in shard], device=pl_module.device)
-        self._probe = (images, labels)
-
-    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:
-            return
-        if self._probe is None:
-            self._draw_probe(trainer, pl_module)
-        images, labels = self._probe
-        generator = torch.Generator().manual_seed(self.seed + trainer.global_rank)
-        levels = max(len(p.levels) for p in self.properties)
-        devices = [images.device.index or 0] if images.device.type == "cuda" else []
-        # the global RNG is seeded for the sweep (noise sees the same draws each epoch) and
-        # restored afterwards, so training's randomness is untouched
-        with torch.random.fork_rng(devices=devices), evaluation(pl_module), torch.no_grad():
-            classes = self.num_classes or pl_module(images[:1]).shape[-1]
-            local = LocalRobustness(classes, [p.name for p in self.properties], levels).to(images.device)
-            adder = AdderGlobalRobustness(classes, [p.name for p in self.properties], levels, self.combine)
-            adder = adder.to(images.device)
-            share = max(1, self.pairs // trainer.world_size)
-            torch.manual_seed(self.seed)  # random properties (noise) see the same draws each epoch
-            records = robustness_sweep(
-                pl_module, images, labels, self.properties, local, adder, share, generator, self.max_batch
-            )
-            local_results, global_results = local.compute(), adder.compute()
-        gathered = {k: self._gather(pl_module, v) for k, v in records.items()}
-        summary = summarize_errors(
-            [p.name for p in self.properties], num_classes=classes, combine=self.combine, **gathered
-        )
-        self._record(trainer, pl_module, local_results, global_results, summary)
-
-    @staticmethod
-    def _gather(pl_module: L.LightningModule, tensor: Tensor) -> Tensor:
-        gathered = pl_module.all_gather(tensor)
-        return gathered.flatten(0, 1) if gathered.ndim == tensor.ndim + 1 else gathered
-
-    def _record(self, trainer: L.Trainer, pl_module: L.LightningModule, local: dict, adder: dict, summary: Any) -> None:
-        record: dict[str, Any] = {"epoch": trainer.current_epoch, "local": {}, "global": {}}
-        logged: dict[str, float] = {}
+    def _check_batch(self, inputs: Tensor, target: Tensor) -> None:
         for prop in self.properties:
-            if prop.name not in local:
-                continue
-            curve = local[prop.name].per_level.reshape(-1)[: len(prop.levels)].tolist()
-            global_curve = adder[prop.name][0].reshape(-1)[: len(prop.levels)].tolist()
-            record["local"][prop.name] = {"levels": list(prop.levels), "lr_p": curve}
-            record["global"][prop.name] = global_curve
-            logged[f"robustness/{prop.name}"] = sum(curve) / len(curve)
-            logged.update({f"robustness/{prop.name}@{level:g}": v for level, v in zip(prop.levels, curve, strict=True)})
-            logged[f"global_robustness/{prop.name}"] = sum(global_curve) / len(global_curve)
-        self.history.append(record)
-        self.summary = json.loads(summary.to_json())
-        pl_module.log_dict(logged, sync_dist=False)  # already reduced over ranks
-        if self.guide is not None:
-            self.guide.set_proposal(summary.proposal)
-        directory = Path(trainer.log_dir or trainer.default_root_dir) / "robustness"  # a collective: all ranks
-        if trainer.is_global_zero:
-            directory.mkdir(parents=True, exist_ok=True)
-            (directory / "error_summary.json").write_text(summary.to_json(indent=2))
-            (directory / "error_summary.md").write_text(summary.to_markdown())
-            for name, figure in (
-                ("failure_rates", summary.plot_failure_rates()),
-                ("top_confusions", summary.plot_top_confusions()),
-            ):
-                figure.savefig(directory / f"{name}.png", dpi=110)
-                plt.close(figure)
-            wandb_logger = find_wandb_logger(trainer)
-            if wandb_logger is not None:
-                import wandb
-
-                names = list(record["local"])
-                chart = wandb.plot.line_series(
-                    xs=list(range(1, max(len(p.levels) for p in self.properties) + 1)),
-                    ys=[record["local"][n]["lr_p"] for n in names],
-                    keys=names,
-                    title="local robustness LR_p",
-                    xname="severity level",
+            if getattr(prop, "needs_images", False) and inputs.ndim != 4:
+                raise ValueError(
+                    f"properties: {prop.name!r} needs images (B, C, H, W) but the batches hold inputs of shape "
+                    f"{tuple(inputs.shape)}; for other tensors use properties that take any shape (noise, brightness)"
                 )
-                wandb_logger.experiment.log({"robustness/curves": chart, "trainer/global_step": trainer.global_step})
 
-    def _final_figure(self) -> tuple[str, Figure] | None:
-        if not self.history:
-            return None
-        curves = {name: entry["lr_p"] for name, entry in self.history[-1]["local"].items()}
-        levels = {name: entry["levels"] for name, entry in self.history[-1]["local"].items()}
-        return "robustness/curves", plot_robustness_curves(curves, levels)
-
-    # ---- feeding back -----------------------------------------------------------------------
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+    def _check_model(self, pl_module: torch.nn.Module) -> None:
         if self.guide is not None:
             self.guide.to(pl_module.device)
+
+    # ---- the sweep --------------------------------------------------------------------------
+
+    def _measure(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, probe: ProbeSet | None, stage: str
+    ) -> tuple[dict[str, Any], dict[str, float]]:
+        assert probe is not None
+        self._warn_short_classes(probe)
+        sweep = robustness_sweep(
+            self.adapter,
+            probe.inputs,
+            probe.target,
+            self.properties,
+            num_classes=self.num_classes,
+            pairs=self.pairs,
+            combine=self.combine,
+            keys=probe.keys,
+            seed=self.seed,
+            max_batch=self.max_batch,
+            max_failures=0 if self.bank is None else self.bank.capacity,
+        )
+        absent = [c for c in range(sweep.num_classes) if c not in probe.class_counts]
+        record: dict[str, Any] = {
+            "local": {},
+            "global": {},
+            "probe_size": probe.size,
+            "class_counts": probe.class_counts,
+            "absent_classes": absent,
+        }
+        logged: dict[str, float] = {}
+        for prop in self.properties:
+            curve = sweep.local[prop.name].per_level.reshape(-1)[: len(prop.levels)].tolist()
+            record["local"][prop.name] = {"levels": list(prop.levels), "lr_p": curve}
+            logged[f"robustness/{prop.name}"] = sum(curve) / len(curve)
+            logged.update({f"robustness/{prop.name}@{level:g}": v for level, v in zip(prop.levels, curve, strict=True)})
+            if prop.name in sweep.adder:
+                global_curve = sweep.adder[prop.name][0].reshape(-1)[: len(prop.levels)].tolist()
+                record["global"][prop.name] = global_curve
+                logged[f"global_robustness/{prop.name}"] = sum(global_curve) / len(global_curve)
+        if sweep.pairs is not None:
+            summary = summarize_errors(
+                [p.name for p in self.properties], num_classes=sweep.num_classes, combine=self.combine, **sweep.pairs
+            )
+            self.error_summary = summary.to_dict(include_failures=False)
+            self._pending_summary = summary
+            proposal = summary.proposal
+        else:
+            proposal = _local_proposal(sweep, self.properties)
+        if self.guide is not None and stage == "validation":
+            self.proposal = proposal
+            self.guide.set_proposal(proposal)
+        if self.bank is not None and stage == "validation":
+            self.bank.add(*sweep.failures, origin="robustness")
+        return record, logged
+
+    def _warn_short_classes(self, probe: ProbeSet) -> None:
+        if probe.found_per_class is None:
+            return
+        short = {c: n for c, n in probe.found_per_class.items() if n < self.per_class}
+        if short:
+            warnings.warn(
+                f"RobustnessCallback: fewer than per_class={self.per_class} correctly predicted inputs for classes "
+                f"{short} (class: count found); those classes are used whole",
+                stacklevel=2,
+            )
+
+    # ---- reporting --------------------------------------------------------------------------
+
+    def _files(self, record: dict[str, Any]) -> dict[str, str | Figure]:
+        summary, self._pending_summary = self._pending_summary, None
+        if summary is None:
+            return {}
+        return {
+            "error_summary.json": summary.to_json(indent=2),
+            "error_summary.md": summary.to_markdown(),
+            "failure_rates.png": summary.plot_failure_rates(),
+            "top_confusions.png": summary.plot_top_confusions(),
+        }
+
+    def _figures(self, record: Mapping[str, Any]) -> dict[str, Figure]:
+        curves = {name: entry["lr_p"] for name, entry in record["local"].items()}
+        levels = {name: entry["levels"] for name, entry in record["local"].items()}
+        return {"robustness/curves": plot_robustness_curves(curves, levels)}
+
+    def _log_wandb(self, trainer: L.Trainer, experiment: Any, record: dict[str, Any]) -> None:
+        import wandb
+
+        for name, entry in record["local"].items():
+            ys, keys = [entry["lr_p"]], ["LR_p (local)"]
+            if name in record["global"]:
+                ys.append(record["global"][name])
+                keys.append("adder GR (global)")
+            chart = wandb.plot.line_series(
+                xs=entry["levels"], ys=ys, keys=keys, title=f"robustness under {name}", xname=f"{name} level"
+            )
+            experiment.log({f"robustness/curve/{name}": chart, "trainer/global_step": trainer.global_step})
+
+    # ---- feeding back -----------------------------------------------------------------------
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self.guide is None or self.summary is None:
+        if self.guide is None:
             return
-        images, labels = batch[0], batch[1]
+        self._check_train_batch(batch)
+        if self.proposal is None:
+            return
+        images, labels = self.accessor.read(batch)
         with torch.no_grad():
-            images.copy_(self.guide(images, labels))
+            self.accessor.write(batch, self.guide(images, labels))
 
     # ---- checkpointing ----------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"history": self.history, "summary": self.summary}
+    def _extra_state(self) -> dict[str, Any]:
+        return {"summary": self.error_summary, "proposal": self.proposal}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.history = list(state_dict.get("history", []))
-        self.summary = state_dict.get("summary")
-        if self.guide is not None and self.summary is not None:
-            self.guide.set_proposal(self.summary["proposal"])
+    def _load_extra_state(self, state: Mapping[str, Any]) -> None:
+        self.error_summary = state.get("summary")
+        self.proposal = state.get("proposal", None if self.error_summary is None else self.error_summary["proposal"])
+        if self.guide is not None and self.proposal is not None:
+            self.guide.set_proposal(self.proposal)

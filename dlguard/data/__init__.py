@@ -1,14 +1,23 @@
-"""Data: the embedded MNIST datamodule and balanced sampling of correct predictions."""
+"""Data: the embedded MNIST datamodule, batch access, probe sets, balanced sampling, the failure bank."""
 
+from dlguard.data.batch import BatchAccessor, BatchKeys
+from dlguard.data.failure_bank import FailureBank
 from dlguard.data.images import LabelledImages
 from dlguard.data.mnist import MNISTDataModule, embedded_mnist
+from dlguard.data.probe_set import ProbeSet, ProbeSetDraw, ProbeSetPolicy
 from dlguard.data.sampling import BalancedSubset, balanced_correct_subset
 from dlguard.probes import model_device  # re-exported: the data helpers and the demo use it
 
 __all__ = [
     "BalancedSubset",
+    "BatchAccessor",
+    "BatchKeys",
+    "FailureBank",
     "LabelledImages",
     "MNISTDataModule",
+    "ProbeSet",
+    "ProbeSetDraw",
+    "ProbeSetPolicy",
     "balanced_correct_subset",
     "embedded_mnist",
     "model_device",

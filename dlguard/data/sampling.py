@@ -10,7 +10,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from dlguard.probes import evaluation, model_device
+from dlguard._validation import check_labels, positive_int
+from dlguard.probes.adapter import ModelAdapter
+from dlguard.probes.evaluation import evaluation
 
 __all__ = ["BalancedSubset", "balanced_correct_subset"]
 
@@ -56,28 +58,33 @@ def _check_labelled(dataset: Dataset) -> None:
 
 
 def balanced_correct_subset(
-    model: nn.Module,
+    model: nn.Module | ModelAdapter,
     dataset: Dataset,
     per_class: int = 200,
     seed: int = 0,
     *,
     batch_size: int = 256,
     num_classes: int | None = None,
+    preprocess: Callable[[Tensor], Tensor] | None = None,
     output_transform: Callable[[Any], Tensor] | None = None,
 ) -> BalancedSubset:
     """Keep only inputs ``model`` classifies correctly, then draw ``per_class`` of each class.
 
-    The model runs batched on its own device under :func:`~dlguard.probes.evaluation` (left as it
-    was afterwards). Classes with fewer correct inputs than ``per_class`` are used whole and a
-    warning gives the counts; the draw is uniform with a fixed ``seed``.
+    The model runs batched on its own device and in its dtype under :func:`~dlguard.probes.evaluation`
+    (left as it was afterwards), through a :class:`~dlguard.probes.ModelAdapter`. Classes with fewer
+    correct inputs than ``per_class`` are used whole and a warning gives the counts; the draw is
+    uniform with a fixed ``seed``. Callbacks draw their probe sets with the streaming
+    :class:`~dlguard.data.ProbeSetDraw` instead, from the batches validation loads.
 
     Args:
-        model: maps a batch to logits ``(B, K)`` (or to anything ``output_transform`` maps there).
+        model: maps a batch to logits ``(B, K)`` (or to anything ``output_transform`` maps there), or
+            a :class:`~dlguard.probes.ModelAdapter`.
         dataset: map-style dataset of ``(input, label)``.
         per_class: inputs to keep per class.
         seed: seed of the draw.
         batch_size: batch size of the prediction pass.
         num_classes: classes to sample (``0..num_classes-1``); default: the labels present.
+        preprocess: applied to the dataset's inputs before the model (e.g. ``Normalize``).
         output_transform: adapts the model's output to logits.
 
     Returns:
@@ -97,30 +104,24 @@ def balanced_correct_subset(
         >>> subset.found_per_class, sorted(int(y[i]) for i in subset.indices)
         ({0: 2, 1: 2}, [0, 0, 1, 1])
     """
-    if isinstance(per_class, bool) or not isinstance(per_class, int) or per_class <= 0:
-        raise ValueError(f"per_class: expected a positive integer, got {per_class!r}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size: expected at least 1, got {batch_size}")
+    positive_int("per_class", per_class)
+    positive_int("batch_size", batch_size)
     _check_labelled(dataset)
-
-    device = model_device(model)
+    adapter = model if isinstance(model, ModelAdapter) else ModelAdapter(model, preprocess, output_transform)
+    device = adapter.device
     correct_parts, label_parts = [], []
-    with evaluation(model), torch.no_grad():
+    with evaluation(adapter.model), torch.no_grad():
         # its own generator: iterating a loader would otherwise draw a seed from the global RNG
         loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, generator=torch.Generator())
-        for inputs, labels in loader:
-            labels = torch.as_tensor(labels, device=device).reshape(-1).long()
-            logits = model(inputs.to(device))
-            if output_transform is not None:
-                logits = output_transform(logits)
-            if not isinstance(logits, Tensor) or logits.ndim != 2 or logits.shape[0] != labels.shape[0]:
-                shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
-                raise ValueError(
-                    f"model: expected logits of shape (B, K) = ({labels.shape[0]}, K), got {shape}; "
-                    "pass output_transform to adapt other outputs"
-                )
+        for number, (inputs, labels) in enumerate(loader):
+            labels = torch.as_tensor(labels, device=device).reshape(-1)
+            check_labels("dataset", labels, num_classes=num_classes)
+            if inputs.is_floating_point() and torch.isnan(inputs).any():
+                row = number * batch_size + int(torch.isnan(inputs).flatten(1).any(1).nonzero()[0])
+                raise ValueError(f"dataset: item {row} contains NaN")
+            logits = adapter.logits(inputs)
             correct_parts.append(logits.argmax(dim=1) == labels)
-            label_parts.append(labels)
+            label_parts.append(labels.long())
     correct = torch.cat(correct_parts).cpu()
     labels = torch.cat(label_parts).cpu()
 

@@ -1,5 +1,6 @@
-"""Test generators that run a model: the robustness sweep (later: GA, greedy coverage search, attacks)."""
+"""Test generators and measurements that run a model, usable without Lightning; callbacks only schedule them."""
 
-from dlguard.generate.sweep import robustness_sweep
+from dlguard.generate.dscore import dscore_layers, logit_width, measure_dscore
+from dlguard.generate.sweep import RobustnessSweep, robustness_sweep
 
-__all__ = ["robustness_sweep"]
+__all__ = ["RobustnessSweep", "dscore_layers", "logit_width", "measure_dscore", "robustness_sweep"]

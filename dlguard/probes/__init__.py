@@ -1,7 +1,8 @@
 """Model surgery as context managers that leave no trace (SPEC §0)."""
 
+from dlguard.probes.adapter import ModelAdapter
 from dlguard.probes.capture import capture_activations
-from dlguard.probes.evaluation import evaluation, model_device
+from dlguard.probes.evaluation import evaluation, is_probing, model_device
 from dlguard.probes.intervene import intervene
 from dlguard.probes.layers import LayerSpec, resolve_layers, select_layers
 from dlguard.probes.neurons import NEURON_LAYER_TYPES, neuron_layers, neuron_output, profile_neuron_ranges
@@ -10,10 +11,12 @@ from dlguard.probes.region_deletion import deletion_mutant_logits, region_keep_m
 __all__ = [
     "NEURON_LAYER_TYPES",
     "LayerSpec",
+    "ModelAdapter",
     "capture_activations",
     "deletion_mutant_logits",
     "evaluation",
     "intervene",
+    "is_probing",
     "model_device",
     "neuron_layers",
     "neuron_output",

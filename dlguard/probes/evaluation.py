@@ -4,13 +4,25 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import nn
 
 from dlguard.probes._state import _ModelState
 
-__all__ = ["evaluation", "model_device"]
+__all__ = ["evaluation", "is_probing", "model_device"]
+
+_PROBING: ContextVar[int] = ContextVar("dlguard_probing", default=0)
+
+
+def is_probing() -> bool:
+    """Whether a dlguard probe is running a model right now (inside :func:`evaluation`).
+
+    Observers of a training run's own forward passes (the coverage callback) use it to ignore the
+    forward passes other dlguard callbacks make to measure the model in the same epoch.
+    """
+    return _PROBING.get() > 0
 
 
 @contextmanager
@@ -34,11 +46,13 @@ def evaluation(model: nn.Module) -> Iterator[nn.Module]:
         (True, True)
     """
     state = _ModelState(model)
+    token = _PROBING.set(_PROBING.get() + 1)
     try:
         model.eval()
         model.requires_grad_(False)
         yield model
     finally:
+        _PROBING.reset(token)
         state.restore()
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -10,8 +10,9 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 from dlguard.metrics.functional.coverage import NeuronRange, neuron_values
-from dlguard.probes.capture import capture_activations
-from dlguard.probes.evaluation import evaluation, model_device
+from dlguard.probes.adapter import ModelAdapter
+from dlguard.probes.capture import _first_tensor, capture_activations
+from dlguard.probes.evaluation import evaluation
 from dlguard.probes.layers import LayerSpec, resolve_layers, select_layers
 
 __all__ = ["NEURON_LAYER_TYPES", "neuron_layers", "neuron_output", "profile_neuron_ranges"]
@@ -31,11 +32,12 @@ def neuron_layers(model: nn.Module, layers: LayerSpec | str = "auto") -> dict[st
     return resolve_layers(model, layers)
 
 
-def neuron_output(module: nn.Module, output: Tensor) -> Tensor:
+def neuron_output(module: nn.Module, output: Any) -> Tensor:
     """The output as coverage reads it: a neuron per time step and unit for recurrent layers.
 
-    Recurrent ``(B, T, H)`` (or sequence-first ``(T, B, H)``) becomes ``(B, T·H)``; other outputs
-    are returned unchanged.
+    ``output`` is what the layer returned (for ``LSTM``/``GRU`` the ``(output, state)`` tuple, whose
+    per-step output is read). Recurrent ``(B, T, H)`` (or sequence-first ``(T, B, H)``) becomes
+    ``(B, T·H)``; other outputs are returned unchanged.
 
     Example:
         >>> import torch
@@ -44,6 +46,7 @@ def neuron_output(module: nn.Module, output: Tensor) -> Tensor:
         >>> neuron_output(gru, gru(torch.rand(5, 2, 3))[0]).shape
         torch.Size([2, 20])
     """
+    output = _first_tensor(output)
     if not isinstance(module, nn.RNNBase):
         return output
     if isinstance(output, PackedSequence) or output.ndim != 3:
@@ -56,11 +59,12 @@ def _inputs(batch: Any) -> Tensor:
 
 
 def profile_neuron_ranges(
-    model: nn.Module,
+    model: nn.Module | ModelAdapter,
     dataloader: Iterable[Any],
     layers: LayerSpec | str = "auto",
     *,
     max_batches: int | None = None,
+    batch_inputs: Callable[[Any], Tensor] | None = None,
 ) -> dict[str, NeuronRange]:
     """Per-neuron ``low``/``high`` of ``layers`` over ``dataloader``, in one batched pass.
 
@@ -68,10 +72,13 @@ def profile_neuron_ranges(
     runs in eval mode on its own device, under ``no_grad``, and is left exactly as found.
 
     Args:
-        model: the network.
+        model: the network, or a :class:`~dlguard.probes.ModelAdapter` whose ``preprocess`` maps the
+            loader's inputs to what the model sees (the same as during validation).
         dataloader: batches of inputs, or of ``(inputs, ...)`` tuples.
         layers: ``"auto"`` or a layer spec (see :func:`neuron_layers`).
         max_batches: stop after this many batches.
+        batch_inputs: reads the inputs out of a batch (default: the batch itself, or its first
+            element), e.g. :meth:`dlguard.data.BatchAccessor.inputs` for dict batches.
 
     Example:
         >>> import torch
@@ -81,8 +88,10 @@ def profile_neuron_ranges(
         >>> list(ranges), ranges["0"].low.shape, bool((ranges["0"].low <= ranges["0"].high).all())
         (['0', '2'], torch.Size([3]), True)
     """
+    adapter = model if isinstance(model, ModelAdapter) else ModelAdapter(model)
+    model = adapter.model
+    read = batch_inputs or _inputs
     selected = neuron_layers(model, layers)
-    device = model_device(model)
     low: dict[str, Tensor] = {}
     high: dict[str, Tensor] = {}
     seen = 0
@@ -90,10 +99,10 @@ def profile_neuron_ranges(
         for index, batch in enumerate(dataloader):
             if max_batches is not None and index >= max_batches:
                 break
-            model(_inputs(batch).to(device))
+            model(adapter.prepare(read(batch)))
             seen += 1
             for name, outputs in acts.items():
-                values = torch.cat([neuron_values(neuron_output(selected[name], out)) for out in outputs])
+                values = torch.cat([neuron_values(neuron_output(selected[name], out)).float() for out in outputs])
                 outputs.clear()
                 batch_low, batch_high = values.amin(dim=0), values.amax(dim=0)
                 low[name] = torch.minimum(low[name], batch_low) if name in low else batch_low

@@ -10,7 +10,7 @@ from torch import nn
 from dlguard.callbacks import NeuronCoverageCallback
 from dlguard.data import MNISTDataModule
 from dlguard.metrics import NeuronCoverage, NeuronRange
-from dlguard.probes import neuron_layers
+from dlguard.probes import neuron_layers, profile_neuron_ranges
 from dlguard.zoo import ClassifierModule, mnist_a, pretrained
 from tests.probes.fingerprint import fingerprint
 from tests.quick import quick_trainer
@@ -94,13 +94,26 @@ def test_hooks_removed_when_validation_fails(tmp_path: Path) -> None:
     assert fingerprint(module)["hooks"] == before["hooks"]
 
 
-def test_validate_without_ranges_fails_before_any_work(tmp_path: Path) -> None:
-    module = CountingModule(mnist_a())
-    with pytest.raises(ValueError, match=r"need per-neuron ranges.*profile_neuron_ranges"):
+def test_validate_without_ranges_or_training_data_fails_before_any_work(tmp_path: Path) -> None:
+    module, dm = CountingModule(mnist_a()), MNISTDataModule()
+    dm.setup()
+    with pytest.raises(ValueError, match=r"need per-neuron ranges and validate has no training data.*ranges="):
         trainer_for(tmp_path, NeuronCoverageCallback(criteria=["kmnc"])).validate(
-            module, datamodule=MNISTDataModule(), verbose=False
+            module, dataloaders=dm.val_dataloader(), verbose=False
         )
     assert module.forwards == 0
+
+
+def test_validate_profiles_ranges_on_the_datamodules_training_data(tmp_path: Path) -> None:
+    callback = NeuronCoverageCallback(criteria=["kmnc", "nbc"], max_profile_batches=2)
+    module, dm = CountingModule(pretrained("mnist_a")), MNISTDataModule(batch_size=50)
+    trainer_for(tmp_path, callback).validate(module, datamodule=dm, verbose=False)
+    dm.setup()
+    unshuffled = torch.utils.data.DataLoader(dm.train_set, batch_size=50)  # the training data, in dataset order
+    reference = profile_neuron_ranges(module, unshuffled, max_batches=2)
+    assert callback.ranges.keys() == reference.keys()
+    for name, (low, high) in reference.items():
+        assert torch.equal(callback.ranges[name].low, low) and torch.equal(callback.ranges[name].high, high)
 
 
 def test_unknown_layer_lists_available(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from torch import nn
 from dlguard.augment import ScoreGuidedPadding
 from dlguard.callbacks import DScoreCallback
 from dlguard.data import MNISTDataModule
+from dlguard.generate import measure_dscore
 from dlguard.metrics.functional import d_score
 from dlguard.zoo import ClassifierModule, mnist_a, pretrained
 from tests.probes.fingerprint import assert_unchanged, fingerprint
@@ -34,26 +35,25 @@ def test_fit_logs_dscore_and_drives_the_guide(tmp_path: Path) -> None:
     assert guide.p == pytest.approx(latest["augment_probability"]) and 0 < guide.p < 1
     assert float(logged["dscore/guide_p"]) == pytest.approx(guide.p)
     # the record is consistent with the paper's formulas on its own accuracies
-    again = d_score(
-        latest["baseline_acc"], torch.tensor(latest["deletion_acc"]), torch.tensor(latest["translation_acc"]), 10
-    )
-    assert float(again.d_score) == pytest.approx(latest["d_score"], abs=1e-9)
+    again = d_score(latest["baseline_acc"], latest["deletion_acc"], latest["translation_acc"], 10)
+    assert float(again.d_score) == pytest.approx(latest["d_score"], abs=1e-12)
     assert (tmp_path / "dscore" / "dscore_distributions.png").is_file()
 
 
 def test_probe_is_a_random_fixed_draw_across_classes(tmp_path: Path) -> None:
     callback = DScoreCallback(n=2, probe_size=100)
     fit(tmp_path, callback)
-    images, target = callback._probe
-    assert images.shape == (100, 1, 28, 28)
-    assert len(target.unique()) == 10
+    probe = callback.probe_set()
+    images, target = probe.inputs, probe.target
+    assert images.shape == (100, 1, 28, 28) and probe.size == 100
+    assert len(target.unique()) == 10 and sum(probe.class_counts.values()) == 100
     module = ClassifierModule(mnist_a())
     with torch.no_grad():
         accuracy = (module(images).argmax(1) == target).float().mean()
     before = fingerprint(module)
-    result = callback.measure(module, images, target)
+    result = measure_dscore(module, images, target, n=2)
     assert_unchanged(module, before)
-    assert float(callback._metric.baseline_correct) / 100 == pytest.approx(float(accuracy))
+    assert float(result.baseline_accuracy) == pytest.approx(float(accuracy))
     assert result.feature_distribution.shape == (4,)
 
 

@@ -11,6 +11,7 @@ from dlguard.augment import ErrorGuidedAugmentation, Property, default_propertie
 from dlguard.augment.functional import brightness_scale
 from dlguard.callbacks import RobustnessCallback
 from dlguard.data import MNISTDataModule
+from dlguard.metrics.functional import digit_sum
 from dlguard.zoo import ClassifierModule, pretrained
 from tests.quick import quick_trainer
 
@@ -23,7 +24,7 @@ def short_fit(tmp_path: Path, callbacks: list[L.Callback], epochs: int = 2) -> L
 
 def test_fit_logs_curves_and_writes_the_error_summary(tmp_path: Path) -> None:
     guide = ErrorGuidedAugmentation()
-    callback = RobustnessCallback(per_class=15, pairs=150, guide=guide)
+    callback = RobustnessCallback(per_class=15, pairs=150, guide=guide, combine=digit_sum)
     trainer = short_fit(tmp_path, [callback])
     assert [record["epoch"] for record in callback.history] == [0, 1]
     logged = trainer.callback_metrics
@@ -33,18 +34,41 @@ def test_fit_logs_curves_and_writes_the_error_summary(tmp_path: Path) -> None:
         assert float(logged[f"robustness/{prop.name}@{prop.levels[0]:g}"]) == pytest.approx(curve[0], abs=1e-6)
         assert 0 <= float(logged[f"global_robustness/{prop.name}"]) <= 1
     summary = json.loads((tmp_path / "robustness" / "error_summary.json").read_text())
-    assert summary == callback.summary and summary["pairs"] == 150 * 5 * 3  # pairs x levels x properties
+    assert {k: v for k, v in summary.items() if k != "failures"} == callback.error_summary
+    assert summary["pairs"] == 150 * 5 * 3  # pairs x levels x properties
     assert "# Error summary" in (tmp_path / "robustness" / "error_summary.md").read_text()
     for figure in ("robustness_curves", "failure_rates", "top_confusions"):
         assert (tmp_path / "robustness" / f"{figure}.png").is_file()
     assert torch.allclose(guide.proposal, torch.tensor(summary["proposal"]))
 
 
+def test_without_an_adder_the_guide_follows_local_robustness(tmp_path: Path) -> None:
+    properties = [Property("bright", brightness_scale, (1.5, 3.0)), default_properties()[1]]
+    guide = ErrorGuidedAugmentation(properties)
+    callback = RobustnessCallback(properties, per_class=10, guide=guide)
+    trainer = short_fit(tmp_path, [callback], epochs=1)
+    probe = callback.probe_set()
+    with torch.no_grad():  # an independent reference: the failure rate of each class under each property
+        model = trainer.lightning_module.eval()
+        rates = torch.zeros(10, 2)
+        for column, prop in enumerate(properties):
+            for level in prop.levels:
+                wrong = (model(prop(probe.inputs, level)).argmax(1) != probe.target).float()
+                rates[:, column] += torch.zeros(10).index_add_(0, probe.target, wrong) / torch.bincount(probe.target)
+        rates /= torch.tensor([len(p.levels) for p in properties])
+    assert callback.error_summary is None and rates.max() > 0
+    torch.testing.assert_close(guide.proposal, rates / rates.max())
+
+
 def test_probe_set_is_balanced_correct_and_fixed(tmp_path: Path) -> None:
     callback = RobustnessCallback(properties=[Property("bright", brightness_scale, (1.5,))], per_class=10, pairs=20)
     trainer = short_fit(tmp_path, [callback], epochs=1)  # drawn at the end of the only epoch
-    images, labels = callback._probe
-    assert torch.bincount(labels, minlength=10).tolist() == [10] * 10
+    probe = callback.probe_set()
+    images, labels = probe.inputs, probe.target
+    # 10 per class from the 128 digits validation loaded, or all the correctly predicted ones of a class with fewer
+    assert probe.found_per_class is not None and sum(probe.found_per_class.values()) > 100
+    expected = [min(10, probe.found_per_class[c]) for c in range(10)]
+    assert torch.bincount(labels, minlength=10).tolist() == expected and min(expected) < 10
     with torch.no_grad():  # only inputs the model (as trained then) predicts correctly
         assert torch.equal(trainer.lightning_module.eval()(images).argmax(1), labels)
 
@@ -89,9 +113,11 @@ def test_guide_replaces_training_images_in_place() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"per_class": 0}, "per_class: expected a positive integer"),
+        ({"per_class": 0}, "per_class: expected an integer of at least 1"),
         ({"pairs": -1}, "pairs"),
-        ({"properties": []}, "properties: expected distinct property names"),
+        ({"properties": []}, "properties: expected Property objects with distinct names"),
+        ({"combine": 3}, "combine: expected a callable"),
+        ({"bank": []}, "bank: expected a FailureBank"),
         ({"guide": ErrorGuidedAugmentation([Property("x", brightness_scale, (2.0,))])}, "guide: its properties"),
     ],
 )
@@ -105,7 +131,9 @@ def test_bad_arguments(kwargs: dict, message: str) -> None:
 def test_under_ddp_spawn_the_summary_covers_every_rank(tmp_path: Path) -> None:
     import csv
 
-    callback = RobustnessCallback(properties=[Property("bright", brightness_scale, (1.5, 3.0))], per_class=8, pairs=40)
+    callback = RobustnessCallback(
+        properties=[Property("bright", brightness_scale, (1.5, 3.0))], per_class=8, pairs=40, combine=digit_sum
+    )
     trainer = quick_trainer(
         tmp_path, [callback], train_batches=2, val_batches=2, accelerator="cpu", devices=2, strategy="ddp_spawn"
     )

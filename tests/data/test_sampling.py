@@ -84,7 +84,7 @@ def test_model_is_left_as_found() -> None:
 
 @pytest.mark.parametrize("per_class", [0, -3, 2.5, True])
 def test_per_class_must_be_positive_integer(per_class: object) -> None:
-    with pytest.raises(ValueError, match="per_class: expected a positive integer"):
+    with pytest.raises(ValueError, match="per_class: expected an integer of at least 1"):
         balanced_correct_subset(PlantedOracle(), planted_dataset(), per_class=per_class)
 
 
@@ -96,7 +96,9 @@ def test_dataset_without_labels_is_rejected() -> None:
 
 
 def test_model_must_return_logits() -> None:
-    with pytest.raises(ValueError, match=r"model: expected logits of shape \(B, K\) = \(256, K\), got \(4096,\)"):
+    with pytest.raises(
+        ValueError, match=r"model: expected logits of shape \(256, K\), got \(4096,\); pass output_transform="
+    ):
         balanced_correct_subset(nn.Flatten(0), planted_dataset())
     model = PlantedOracle().train()
     before = fingerprint(model)

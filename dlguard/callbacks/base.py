@@ -1,0 +1,348 @@
+"""The spine every dlguard callback shares: schedule, probe set, model adapter, batch access, history, figures."""
+
+from __future__ import annotations
+
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from matplotlib.figure import Figure
+from torch import Tensor, nn
+
+from dlguard._validation import positive_int
+from dlguard.data.batch import BatchAccessor, BatchKeys
+from dlguard.data.probe_set import ProbeSet, ProbeSetDraw, ProbeSetPolicy
+from dlguard.probes.adapter import ModelAdapter
+from dlguard.probes.evaluation import evaluation
+from dlguard.report.logging import find_wandb_logger, log_figure
+
+__all__ = ["ProbeCallback"]
+
+_STAGES = {"validation", "test"}
+
+
+class ProbeCallback(Callback, ABC):
+    """Base of dlguard's callbacks: a thin driver that measures a model during validation (and test).
+
+    What every subclass gets, with the same argument names and meaning:
+
+    - **Schedule.** During ``fit`` a measurement happens at the end of the validation run of every
+      training epoch ``e`` with ``(e + 1) % every_n_epochs == 0`` -- the epochs Lightning's
+      ``ModelCheckpoint(every_n_epochs=...)`` counts -- never in the sanity check; a warning at
+      set-up says when that can never meet a validation epoch (``check_val_every_n_epoch``,
+      ``max_epochs``, ``limit_val_batches=0``). ``trainer.validate`` and ``trainer.test`` measure
+      once, at the end of their loop, on their own loader.
+    - **Model adapter.** The model is called as ``output_transform(model(preprocess(x)))`` on its
+      device and dtype (:class:`~dlguard.probes.ModelAdapter`): perturbations happen in pixel space,
+      ``preprocess`` (e.g. ``Normalize``) after them.
+    - **Batch access.** ``batch_keys`` reads ``(inputs, target)`` from tuple, list or dict batches or
+      through a callable (:class:`~dlguard.data.BatchAccessor`); guides write back in place.
+    - **Probe set** (callbacks that need a fixed one). Drawn from the batches the evaluation loop
+      already loads -- after the module's batch transfer hooks, so ``limit_val_batches``, custom
+      datasets and transforms just work -- from loader ``dataloader_idx``, at the first scheduled
+      epoch, with a content-keyed draw (:class:`~dlguard.data.ProbeSetDraw`): N processes draw the
+      set one process draws, each keeping its own shard. The set's keys go into the checkpoint, so
+      a resumed run measures the same inputs.
+    - **History and checkpoint.** One record per measurement in ``history``; ``state_dict`` keeps
+      the history and the probe set's keys.
+    - **Figures.** With a ``WandbLogger`` every measurement's figures go to W&B; without, the latest
+      figures are written once, as PNG files under ``<log_dir>/<prefix>/``, when the run ends.
+
+    Subclasses set :attr:`prefix`, return a :class:`~dlguard.data.ProbeSetPolicy` from
+    :meth:`_probe_policy` (or ``None``) and implement :meth:`_measure`.
+
+    Args:
+        every_n_epochs: measure at the validation run of every this many training epochs.
+        preprocess: applied to (perturbed) inputs before the model, e.g. ``Normalize``.
+        output_transform: maps the model's output to logits ``(B, K)``.
+        batch_keys: ``(inputs key, target key)`` or a callable ``batch -> (inputs, target)``.
+        dataloader_idx: the evaluation loader probe sets are drawn from.
+        seed: seed of the probe draw (and of any other random choice the callback makes).
+    """
+
+    prefix: ClassVar[str] = "dlguard"
+    """Logged keys are ``<prefix>/<name>``; files and figures go to ``<log_dir>/<prefix>/``."""
+
+    def __init__(
+        self,
+        *,
+        every_n_epochs: int = 1,
+        preprocess: Callable[[Tensor], Tensor] | None = None,
+        output_transform: Callable[[Any], Tensor] | None = None,
+        batch_keys: BatchKeys = (0, 1),
+        dataloader_idx: int = 0,
+        seed: int = 0,
+    ) -> None:
+        self.every_n_epochs = positive_int("every_n_epochs", every_n_epochs)
+        self.dataloader_idx = positive_int("dataloader_idx", dataloader_idx, minimum=0)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed: expected an integer, got {seed!r}")
+        self.seed = seed
+        ModelAdapter(nn.Identity(), preprocess, output_transform)  # validates both, before any work
+        self.preprocess, self.output_transform = preprocess, output_transform
+        self.batch_keys = batch_keys
+        self.accessor = BatchAccessor(batch_keys)
+        self.history: list[dict[str, Any]] = []
+        self._adapter: ModelAdapter | None = None
+        self._draw: ProbeSetDraw | None = None
+        self._probes: dict[str, ProbeSet] = {}
+        self._restored_probe: dict[str, Any] | None = None
+        self._read_train_batch = False
+        self._read_eval_batch = False
+
+    # ---- what subclasses provide -----------------------------------------------------------
+
+    def _probe_policy(self) -> ProbeSetPolicy | None:
+        """The probe set this callback measures on, or ``None`` when it needs none."""
+        return None
+
+    @abstractmethod
+    def _measure(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, probe: ProbeSet | None, stage: str
+    ) -> tuple[dict[str, Any], dict[str, float]]:
+        """Measure: ``(record for history, {logged key: value})``, both with global (all-rank) numbers."""
+
+    def _figures(self, record: dict[str, Any]) -> dict[str, Figure]:
+        """Figures of one record, ``{key: figure}``."""
+        return {}
+
+    def _files(self, record: dict[str, Any]) -> dict[str, str | Figure]:
+        """Files of one measurement, ``{file name: text or figure}``, written under ``<log_dir>/<prefix>/``."""
+        return {}
+
+    def _log_wandb(self, trainer: L.Trainer, experiment: Any, record: dict[str, Any]) -> None:
+        """Native W&B charts of one record (rank zero, W&B attached); figures go through :meth:`_figures`."""
+
+    def _check_model(self, pl_module: nn.Module) -> None:
+        """Raise before any work when the model lacks what the callback needs."""
+
+    def _check_batch(self, inputs: Tensor, target: Tensor) -> None:
+        """Raise at the first evaluation batch (the sanity check's, if any) when the callback cannot use it."""
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def _load_extra_state(self, state: Mapping[str, Any]) -> None:
+        pass
+
+    # ---- what the callback offers ----------------------------------------------------------
+
+    @property
+    def latest(self) -> dict[str, Any] | None:
+        """The latest measurement record (``None`` before the first)."""
+        return self.history[-1] if self.history else None
+
+    @property
+    def adapter(self) -> ModelAdapter:
+        """The model adapter (set up with the trainer's model)."""
+        if self._adapter is None:
+            raise RuntimeError(f"{type(self).__name__}: the adapter exists once the trainer has set the callback up")
+        return self._adapter
+
+    def probe_set(self, stage: str = "validation") -> ProbeSet | None:
+        """The probe set drawn for ``stage`` (``"validation"`` or ``"test"``), if any yet."""
+        return self._probes.get(stage)
+
+    def summary(self) -> dict[str, Any]:
+        """The latest logged numbers, rounded: what a run report shows."""
+        latest = self.latest
+        logged = {} if latest is None else latest.get("logged", {})
+        return {key.removeprefix(f"{self.prefix}/"): round(value, 4) for key, value in logged.items()}
+
+    def final_figures(self) -> dict[str, Figure]:
+        """Figures of the latest measurement (``{}`` before the first)."""
+        return {} if self.latest is None else self._figures(self.latest)
+
+    # ---- set-up ----------------------------------------------------------------------------
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._adapter = ModelAdapter(pl_module, self.preprocess, self.output_transform)
+        self._check_model(pl_module)
+        if stage == "fit":
+            self._warn_if_never_scheduled(trainer)
+
+    def _warn_if_never_scheduled(self, trainer: L.Trainer) -> None:
+        name = type(self).__name__
+        if trainer.limit_val_batches == 0:
+            warnings.warn(f"{name}: validation is off (limit_val_batches=0), so it never measures", stacklevel=2)
+            return
+        check, epochs = trainer.check_val_every_n_epoch, trainer.max_epochs
+        if check is None or epochs is None or epochs < 0:
+            return
+        if not any((e + 1) % self.every_n_epochs == 0 and (e + 1) % check == 0 for e in range(epochs)):
+            warnings.warn(
+                f"{name}: every_n_epochs={self.every_n_epochs} never meets a validation epoch: validation runs after "
+                f"every {check} training epoch(s) (check_val_every_n_epoch) and training stops after max_epochs="
+                f"{epochs}, so it never measures; choose every_n_epochs that meets a validation epoch",
+                stacklevel=2,
+            )
+
+    def _scheduled(self, trainer: L.Trainer) -> bool:
+        if trainer.sanity_checking:
+            return False
+        if trainer.state.fn != "fit":
+            return True
+        return (trainer.current_epoch + 1) % self.every_n_epochs == 0
+
+    # ---- drawing the probe set from the evaluation loop's own batches ------------------------
+
+    def _start(self, trainer: L.Trainer, stage: str, loaders: int) -> None:
+        if self.dataloader_idx >= loaders:
+            raise ValueError(
+                f"dataloader_idx: {self.dataloader_idx}, but the {stage} loop has {loaders} dataloader(s) "
+                f"(0..{loaders - 1})"
+            )
+        policy = self._probe_policy()
+        if policy is None or not self._scheduled(trainer) or stage in self._probes:
+            return
+        restore = self._restored_probe if stage == "validation" else None
+        if restore is not None:
+            policy = replace(policy, seed=int(restore["seed"]))
+        keys = None if restore is None else torch.as_tensor(restore["keys"])
+        self._draw = ProbeSetDraw(policy, restore=keys, context=f"{stage} loader {self.dataloader_idx}")
+
+    def _collect(self, pl_module: L.LightningModule, batch: Any, dataloader_idx: int) -> None:
+        if dataloader_idx != self.dataloader_idx:
+            return
+        if not self._read_eval_batch:  # an unusable batch fails at the first batch (the sanity check's too)
+            self._check_batch(*self.accessor.read(batch))
+            self._read_eval_batch = True
+        if self._draw is None:
+            return
+        inputs, target = self.accessor.read(batch)
+        correct = None
+        if self._draw.policy.correct_only and self._draw.restore is None:
+            with evaluation(pl_module), torch.no_grad():
+                correct = self.adapter.logits(inputs).argmax(dim=1) == target.to(self.adapter.device)
+        self._draw.add(inputs, target, correct)
+
+    def _end(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if not self._scheduled(trainer):
+            return
+        if self._draw is not None:
+            draw, self._draw = self._draw, None
+            probe = draw.finish()
+            with torch.inference_mode(False):  # trainer.validate/test load inference tensors; keep plain ones
+                probe.inputs, probe.target = probe.inputs.clone(), probe.target.clone()
+            self._probes[stage] = probe
+            if stage == "validation":
+                self._restored_probe = None
+        probe = self._probes.get(stage)
+        if self._probe_policy() is not None and probe is None:
+            return
+        record, logged = self._measure(trainer, pl_module, probe, stage)
+        record = {"epoch": trainer.current_epoch, "stage": stage, **record, "logged": logged}
+        self.history.append(record)
+        if logged:
+            # every rank holds the same global numbers; sync_dist averages identical values (exact)
+            pl_module.log_dict(logged, sync_dist=True)
+        self._publish(trainer, record)
+
+    # ---- Lightning hooks ---------------------------------------------------------------------
+
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._start(trainer, "validation", len(trainer.num_val_batches))
+
+    def on_validation_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._collect(pl_module, batch, dataloader_idx)
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._end(trainer, pl_module, "validation")
+
+    def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._start(trainer, "test", len(trainer.num_test_batches))
+
+    def on_test_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._collect(pl_module, batch, dataloader_idx)
+
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._end(trainer, pl_module, "test")
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._draw = None  # a draw cut short must not be finished by a later run
+
+    # ---- figures and files -------------------------------------------------------------------
+
+    def _directory(self, trainer: L.Trainer) -> Path:
+        """``<log_dir>/<prefix>``; ``trainer.log_dir`` is a collective, so every rank calls this."""
+        return Path(trainer.log_dir or trainer.default_root_dir) / self.prefix
+
+    def _publish(self, trainer: L.Trainer, record: dict[str, Any]) -> None:
+        directory = self._directory(trainer)
+        wandb_logger = find_wandb_logger(trainer)
+        if not trainer.is_global_zero:
+            return
+        files = self._files(record)
+        if files:
+            directory.mkdir(parents=True, exist_ok=True)
+            for name, content in files.items():
+                if isinstance(content, Figure):
+                    content.savefig(directory / name, dpi=110, bbox_inches="tight")
+                else:
+                    (directory / name).write_text(content)
+                if wandb_logger is not None:
+                    wandb_logger.experiment.save(str(directory / name), base_path=str(directory.parent), policy="now")
+        if wandb_logger is not None:
+            self._log_wandb(trainer, wandb_logger.experiment, record)
+            for key, figure in self._figures(record).items():
+                log_figure(trainer, key, figure, directory)
+
+    def _write_final_figures(self, trainer: L.Trainer) -> None:
+        directory = self._directory(trainer)
+        if find_wandb_logger(trainer) is not None or not trainer.is_global_zero:
+            return
+        for key, figure in self.final_figures().items():
+            log_figure(trainer, key, figure, directory)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._write_final_figures(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "validate":  # trainer.validate(): the run ends here
+            self._write_final_figures(trainer)
+
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._write_final_figures(trainer)
+
+    # ---- feeding back into training ----------------------------------------------------------
+
+    def _check_train_batch(self, batch: Any) -> None:
+        """Read the first training batch once, so an unreadable batch fails at once, naming ``batch_keys``."""
+        if not self._read_train_batch:
+            self.accessor.read(batch)
+            self._read_train_batch = True
+
+    # ---- checkpointing -----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        probe = self._probes.get("validation")
+        probe_state = probe.state_dict() if probe is not None else self._restored_probe
+        return {"history": self.history, "probe": probe_state, **self._extra_state()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = list(state_dict.get("history", []))
+        self._probes.pop("validation", None)
+        self._restored_probe = state_dict.get("probe")
+        self._load_extra_state(state_dict)

@@ -1,0 +1,114 @@
+"""Failure replay: stored failures substituted into training batches, in place (SPEC §6)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from dlguard._validation import probability
+from dlguard.data.batch import BatchAccessor, BatchKeys
+from dlguard.data.failure_bank import FailureBank
+
+__all__ = ["FailureReplay"]
+
+
+class FailureReplay(Callback):
+    """Replace a fraction of every training batch, in place, by failures from a :class:`~dlguard.data.FailureBank`.
+
+    Callbacks that find failures deposit them in the bank (``RobustnessCallback(bank=...)``); this
+    callback mixes them into training in ``on_train_batch_start``, so any LightningModule trains
+    on them without code changes (Lightning has no callback hook after the batch transfer, and this
+    one receives the batch on the device). ``round(fraction · B)`` rows of each batch are chosen at
+    random and replaced by rows drawn uniformly from the bank, inputs and labels alike, through the
+    batch accessor: tuple, list or dict batches, or a callable. Nothing happens while the bank is
+    empty. Draws come from a generator of the callback's own (seeded, in the checkpoint), so the
+    global RNG that dropout and augmentations use is untouched; no host sync per batch.
+
+    The bank is part of this callback's checkpoint state. Under DDP each process keeps and replays
+    the failures found on its own shard; a checkpoint holds rank zero's bank and generator, and after
+    a restart the other processes reseed theirs so that they keep drawing apart.
+
+    Args:
+        bank: the bank to replay from (a new one when ``None``: pass ``replay.bank`` to producers).
+        fraction: share of each batch replaced, in ``[0, 1]``.
+        batch_keys: ``(inputs key, target key)`` or a callable ``batch -> (inputs, target)``.
+        seed: seed of the draws (each process adds its rank).
+
+    Example:
+        >>> import torch
+        >>> replay = FailureReplay(fraction=0.5)
+        >>> replay.bank.add(torch.ones(4, 1, 2, 2), torch.tensor([9, 9, 9, 9]), origin="robustness")
+        >>> batch = [torch.zeros(4, 1, 2, 2), torch.tensor([0, 1, 2, 3])]
+        >>> replay.on_train_batch_start(None, None, batch, 0)
+        >>> int((batch[1] == 9).sum()), int(batch[0].sum() / 4)  # two rows now hold stored failures
+        (2, 2)
+    """
+
+    def __init__(
+        self,
+        bank: FailureBank | None = None,
+        fraction: float = 0.25,
+        batch_keys: BatchKeys = (0, 1),
+        seed: int = 0,
+    ) -> None:
+        if bank is not None and not isinstance(bank, FailureBank):
+            raise ValueError(f"bank: expected a FailureBank or None, got {type(bank).__name__}")
+        self.bank = bank if bank is not None else FailureBank()
+        self.fraction = probability("fraction", fraction)
+        self.batch_keys, self.seed = batch_keys, seed
+        self.accessor = BatchAccessor(batch_keys)
+        self.replayed = 0
+        self._generator: torch.Generator | None = None
+        self._checked_version = -1
+        self._restored = False
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._generator is None:
+            self._generator = torch.Generator().manual_seed(self.seed + trainer.global_rank)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._restored and trainer.global_rank > 0:  # a checkpoint holds rank zero's generator: draw apart again
+            self._generator = torch.Generator().manual_seed(self.seed + trainer.global_rank + 1_000_003 * self.replayed)
+        self._restored = False
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        inputs, _ = self.accessor.read(batch)  # an unreadable batch fails at once, naming batch_keys
+        count = round(self.fraction * len(inputs))
+        if not len(self.bank) or count == 0:
+            return
+        if self._checked_version != self.bank.version:  # once per change of the bank, not per batch
+            if self.bank.sample_shape != tuple(inputs.shape[1:]):
+                raise ValueError(
+                    f"bank: holds inputs of shape {self.bank.sample_shape}, the training batch's inputs are "
+                    f"{tuple(inputs.shape[1:])}"
+                )
+            self._checked_version = self.bank.version
+        if self._generator is None:
+            self._generator = torch.Generator().manual_seed(self.seed)
+        rows = torch.randperm(len(inputs), generator=self._generator)[:count].to(inputs.device)
+        stored, labels = self.bank.sample(count, self._generator, device=inputs.device)
+        with torch.no_grad():
+            self.accessor.write_rows(batch, rows, stored, labels)
+        self.replayed += count
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(fraction=self.fraction)
+
+    def state_dict(self) -> dict[str, Any]:
+        generator = None if self._generator is None else self._generator.get_state()
+        return {"bank": self.bank.state_dict(), "generator": generator, "replayed": self.replayed}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        self.bank.load_state_dict(state_dict.get("bank", {}))
+        self.replayed = int(state_dict.get("replayed", 0))
+        if state_dict.get("generator") is not None:
+            self._generator = torch.Generator()
+            self._generator.set_state(state_dict["generator"])
+            self._restored = True

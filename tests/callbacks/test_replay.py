@@ -1,0 +1,218 @@
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from dlguard.callbacks.replay import FailureReplay
+from dlguard.data.failure_bank import FailureBank
+from tests.quick import quick_trainer
+
+SHAPE = (1, 2, 2)
+
+
+def batch_of(size: int, label_dtype: torch.dtype = torch.long) -> list[torch.Tensor]:
+    """Row i holds i in every element and as its label."""
+    labels = torch.arange(size)
+    return [labels.float().reshape(-1, 1, 1, 1).expand(-1, *SHAPE).clone(), labels.to(label_dtype)]
+
+
+def bank_of(labels: list[int], capacity: int = 64) -> FailureBank:
+    bank = FailureBank(capacity=capacity)
+    lab = torch.tensor(labels)
+    bank.add(lab.float().reshape(-1, 1, 1, 1).expand(-1, *SHAPE).clone(), lab, origin="robustness")
+    return bank
+
+
+def replaced_rows(inputs: torch.Tensor, labels: torch.Tensor) -> list[int]:
+    """Rows that now hold a bank row; checks every row is either untouched or a consistent bank row."""
+    replaced = []
+    for i in range(len(labels)):
+        label = int(labels[i])
+        assert torch.equal(inputs[i], torch.full(SHAPE, float(label))), f"row {i}: inputs and label disagree"
+        if label != i:
+            assert label >= 100, f"row {i}: holds {label}, neither itself nor a bank row"
+            replaced.append(i)
+    return replaced
+
+
+@pytest.mark.parametrize(
+    "size, fraction, expected",
+    [(8, 0.25, 2), (10, 0.3, 3), (7, 0.5, 4), (9, 0.5, 4), (5, 0.1, 0), (6, 1.0, 6), (6, 0.0, 0)],
+)
+def test_replaces_round_fraction_times_batch_rows(size: int, fraction: float, expected: int) -> None:
+    replay = FailureReplay(bank_of([100, 101, 102]), fraction=fraction)
+    for step in range(5):
+        batch = batch_of(size)
+        replay.on_train_batch_start(None, None, batch, step)
+        assert len(replaced_rows(*batch)) == expected
+    assert replay.replayed == 5 * expected
+
+
+def test_rows_and_bank_samples_are_spread_uniformly() -> None:
+    replay = FailureReplay(bank_of([100, 101, 102, 103]), fraction=0.25)
+    position_counts = torch.zeros(8)
+    bank_counts = torch.zeros(4)
+    for step in range(400):
+        batch = batch_of(8)
+        replay.on_train_batch_start(None, None, batch, step)
+        rows = replaced_rows(*batch)
+        position_counts[rows] += 1
+        bank_counts += torch.bincount(batch[1][rows] - 100, minlength=4)
+    # 800 replacements: 100 per position (sd ~9.4), 200 per bank row (sd ~12)
+    assert float(position_counts.sum()) == 800 and float(bank_counts.sum()) == 800
+    assert float(position_counts.min()) > 65 and float(position_counts.max()) < 135
+    assert float(bank_counts.min()) > 150 and float(bank_counts.max()) < 250
+
+
+def test_leaves_the_global_rng_untouched() -> None:
+    replay = FailureReplay(bank_of([100, 101]), fraction=0.5)
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    for step in range(3):
+        replay.on_train_batch_start(None, None, batch_of(6), step)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_empty_bank_does_nothing() -> None:
+    replay = FailureReplay(FailureBank(), fraction=0.5)
+    batch = batch_of(6)
+    replay.on_train_batch_start(None, None, batch, 0)
+    assert torch.equal(batch[1], torch.arange(6)) and replaced_rows(*batch) == []
+    assert replay.replayed == 0
+
+
+def test_dict_batches_and_label_dtype() -> None:
+    inputs, labels = batch_of(8, torch.int32)
+    batch = {"image": inputs, "label": labels, "id": "x"}
+    replay = FailureReplay(bank_of([100, 101]), fraction=0.5, batch_keys=("image", "label"))
+    replay.on_train_batch_start(None, None, batch, 0)
+    assert batch["image"] is inputs and batch["label"] is labels  # written in place
+    assert batch["label"].dtype == torch.int32
+    assert len(replaced_rows(batch["image"], batch["label"])) == 4
+
+
+def test_callable_batch_keys() -> None:
+    class Batch:
+        def __init__(self) -> None:
+            self.x, self.y = batch_of(8)
+
+    batch = Batch()
+    replay = FailureReplay(bank_of([100]), fraction=0.25, batch_keys=lambda b: (b.x, b.y))
+    replay.on_train_batch_start(None, None, batch, 0)
+    assert len(replaced_rows(batch.x, batch.y)) == 2
+
+
+def test_shape_mismatch_names_bank_also_after_the_bank_changes() -> None:
+    bank = bank_of([100])
+    replay = FailureReplay(bank, fraction=0.5)
+    replay.on_train_batch_start(None, None, batch_of(4), 0)
+    bank.clear()
+    bank.add(torch.zeros(2, 3, 5, 5), torch.tensor([1, 2]), origin="hda")
+    with pytest.raises(ValueError, match=r"bank: holds inputs of shape \(3, 5, 5\).* \(1, 2, 2\)"):
+        replay.on_train_batch_start(None, None, batch_of(4), 1)
+
+
+def test_unreadable_batch_names_batch_keys() -> None:
+    replay = FailureReplay(bank_of([100]), fraction=0.5, batch_keys=("image", "label"))
+    with pytest.raises(ValueError, match="batch_keys"):
+        replay.on_train_batch_start(None, None, batch_of(4), 0)
+
+
+def test_argument_validation() -> None:
+    with pytest.raises(ValueError, match="fraction"):
+        FailureReplay(fraction=1.5)
+    with pytest.raises(ValueError, match="bank"):
+        FailureReplay(bank={"a": 1})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="batch_keys"):
+        FailureReplay(batch_keys=(0,))  # type: ignore[arg-type]
+
+
+def run_batches(replay: FailureReplay, steps: int) -> list[torch.Tensor]:
+    labels = []
+    for step in range(steps):
+        batch = batch_of(10)
+        replay.on_train_batch_start(None, None, batch, step)
+        labels.append(batch[1])
+    return labels
+
+
+def test_state_round_trip_continues_the_same_draws() -> None:
+    original = FailureReplay(bank_of(list(range(100, 120)), capacity=32), fraction=0.3, seed=4)
+    run_batches(original, 3)
+    state = original.state_dict()
+    restored = FailureReplay(FailureBank(capacity=32), fraction=0.3, seed=999)
+    restored.load_state_dict(state)
+    assert restored.replayed == original.replayed == 9
+    assert torch.equal(restored.bank.labels("robustness"), original.bank.labels("robustness"))
+    expected = run_batches(original, 4)
+    got = run_batches(restored, 4)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    # and the draws do depend on the generator: a fresh callback draws otherwise
+    fresh = FailureReplay(bank_of(list(range(100, 120)), capacity=32), fraction=0.3, seed=4)
+    assert not all(torch.equal(a, b) for a, b in zip(run_batches(fresh, 4), expected, strict=True))
+
+
+def test_pickled_callback_continues_the_same_draws() -> None:
+    original = FailureReplay(bank_of(list(range(100, 120))), fraction=0.5, seed=1)
+    run_batches(original, 2)
+    copy = pickle.loads(pickle.dumps(original))
+    expected, got = run_batches(original, 3), run_batches(copy, 3)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+
+
+def test_state_before_any_batch_loads() -> None:
+    state = FailureReplay(bank_of([100])).state_dict()
+    assert state["generator"] is None
+    restored = FailureReplay()
+    restored.load_state_dict(state)
+    assert restored.bank.labels("robustness").tolist() == [100]
+    restored.load_state_dict({})  # an old checkpoint without this callback's state
+    assert len(restored.bank) == 0 and restored.replayed == 0
+
+
+class Recording(L.LightningModule):
+    """Records each training batch's labels and a draw of the global RNG per step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 200)
+        self.labels: list[torch.Tensor] = []
+        self.draws: list[float] = []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.labels.append(y.clone())
+        self.draws.append(float(torch.rand(1)))
+        return nn.functional.cross_entropy(self.layer(x.flatten(1)), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def train_dataloader(self):
+        images, labels = batch_of(32)
+        return DataLoader(TensorDataset(images, labels), batch_size=8, shuffle=True)
+
+
+def fit(tmp_path: Path, callbacks: list[L.Callback]) -> Recording:
+    model = Recording()
+    trainer = quick_trainer(tmp_path, callbacks, epochs=1, train_batches=4, val_batches=0, accelerator="cpu")
+    trainer.fit(model)
+    return model
+
+
+def test_training_steps_see_the_replayed_rows(tmp_path: Path) -> None:
+    replay = FailureReplay(bank_of([150, 151, 152]), fraction=0.25)
+    plain = fit(tmp_path / "plain", [])
+    replayed = fit(tmp_path / "replay", [replay])
+    assert len(replayed.labels) == 4 and replay.replayed == 8
+    for seen, original in zip(replayed.labels, plain.labels, strict=True):
+        from_bank = seen >= 150
+        assert int(from_bank.sum()) == 2
+        assert torch.equal(seen[~from_bank], original[~from_bank])  # same shuffled batches otherwise
+    assert replayed.draws == plain.draws  # the global RNG goes on as without replay
