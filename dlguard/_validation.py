@@ -115,6 +115,17 @@ def check_labels(name: str, target: object, batch: int | None = None, num_classe
     return target
 
 
+def check_combine(combine: object, num_classes: int) -> None:
+    """``combine`` is a callable of two label tensors; one marked ``labels_are_digits`` needs 10 classes."""
+    if not callable(combine):
+        raise ValueError(f"combine: expected a callable of two label tensors, got {type(combine).__name__}")
+    if getattr(combine, "labels_are_digits", False) and num_classes != 10:
+        raise ValueError(
+            f"combine: {getattr(combine, '__name__', 'it')} adds labels as digits 0-9, but num_classes is "
+            f"{num_classes}; pass a combine that fits the labels (e.g. combine=torch.add when their sum is meaningful)"
+        )
+
+
 def check_logits(name: str, logits: object, batch: int, num_classes: int | None = None, hint: str = "") -> Tensor:
     """Model outputs of shape ``(B, K)`` (and ``K = num_classes`` when given)."""
     if not isinstance(logits, Tensor) or logits.ndim != 2 or logits.shape[0] != batch:

@@ -117,7 +117,11 @@ class ProbeCallback(Callback, ABC):
         return {}
 
     def _log_wandb(self, trainer: L.Trainer, experiment: Any, record: dict[str, Any]) -> None:
-        """Native W&B charts of one record (rank zero, W&B attached); figures go through :meth:`_figures`."""
+        """Native W&B charts of one record (rank zero, W&B attached), drawn by W&B, not rendered here."""
+
+    def _wandb_figures(self, record: dict[str, Any]) -> dict[str, Figure]:
+        """Figures sent to W&B at every measurement: :meth:`_figures`, unless native charts replace them."""
+        return self._figures(record)
 
     def _check_model(self, pl_module: nn.Module) -> None:
         """Raise before any work when the model lacks what the callback needs."""
@@ -306,7 +310,7 @@ class ProbeCallback(Callback, ABC):
                     wandb_logger.experiment.save(str(directory / name), base_path=str(directory.parent), policy="now")
         if wandb_logger is not None:
             self._log_wandb(trainer, wandb_logger.experiment, record)
-            for key, figure in self._figures(record).items():
+            for key, figure in self._wandb_figures(record).items():
                 log_figure(trainer, key, figure, directory)
 
     def _write_final_figures(self, trainer: L.Trainer) -> None:

@@ -23,8 +23,7 @@ from dlguard.metrics.coverage import (
     StrongNeuronActivationCoverage,
     TopKNeuronCoverage,
 )
-from dlguard.metrics.functional.coverage import NeuronRange, neuron_values
-from dlguard.metrics.functional.coverage import _scaled_neuron_values as scaled_neuron_values
+from dlguard.metrics.functional.coverage import NeuronRange, neuron_values, scaled_neuron_values
 from dlguard.probes.evaluation import is_probing
 from dlguard.probes.layers import LayerSpec
 from dlguard.probes.neurons import neuron_layers, neuron_output, profile_neuron_ranges

@@ -22,9 +22,9 @@ from dlguard.metrics.functional.coverage import (
     _impartiality,
     _kmnc_hits,
     _nc_hits,
-    _scaled_neuron_values,
     _top_k_hits,
     neuron_values,
+    scaled_neuron_values,
 )
 
 __all__ = [
@@ -173,7 +173,7 @@ class NeuronCoverage(_LayerCoverage):
         self.threshold, self.scale = threshold, scale
 
     def _values(self, name: str, activation: Tensor) -> Tensor:
-        return _scaled_neuron_values(activation) if self.scale else neuron_values(activation)
+        return scaled_neuron_values(activation) if self.scale else neuron_values(activation)
 
     def _hits(self, values: list[Tensor], flat: Tensor) -> tuple[Tensor, ...]:
         return (_nc_hits(flat, self.threshold),)

@@ -101,6 +101,7 @@ class DScore(Metric):
         Returns:
             ``(figure, [feature axes, attention axes])``.
         """
-        from dlguard.report.figures import _dscore_heatmaps
+        from dlguard.report.figures import plot_dscore_heatmaps
 
-        return _dscore_heatmaps(val if val is not None else self.compute(), ax=ax)
+        figure = plot_dscore_heatmaps(val if val is not None else self.compute(), ax=ax)
+        return figure, list(ax) if ax is not None else figure.axes[:2]

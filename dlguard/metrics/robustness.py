@@ -11,12 +11,11 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from dlguard._validation import positive_int
+from dlguard._validation import check_combine, positive_int
 from dlguard.metrics.functional.robustness import (
     LocalRobustnessResult,
     _adder_compute,
     _adder_update,
-    _check_combine,
     _local_robustness_compute,
     _local_robustness_update,
     digit_sum,
@@ -148,7 +147,7 @@ class LocalRobustness(_PerProperty):
         Returns:
             ``(figure, axes)``: one ``Axes`` for a single panel, else a list of them.
         """
-        from dlguard.report.figures import _robustness_curves
+        from dlguard.report.figures import plot_robustness_curves
 
         results = val if val is not None else self.compute()
         curves = {name: result.per_level.reshape(-1) for name, result in results.items()}
@@ -156,7 +155,11 @@ class LocalRobustness(_PerProperty):
         if curves and all(name in self.level_values for name in curves):
             levels = {name: self.level_values[name] for name in curves}
             curves = {name: values[: len(levels[name])] for name, values in curves.items()}  # padded levels
-        figure, axes = _robustness_curves(curves, levels, ax)
+        figure = plot_robustness_curves(curves, levels, ax)
+        if ax is None:
+            axes = [a for a in figure.axes if a.get_lines()]
+        else:
+            axes = list(ax) if isinstance(ax, list | tuple) else [ax]
         return figure, axes[0] if len(axes) == 1 else axes
 
 
@@ -197,7 +200,7 @@ class AdderGlobalRobustness(_PerProperty):
         **kwargs: Any,
     ) -> None:
         super().__init__(num_classes, properties, levels, **kwargs)
-        _check_combine(combine, num_classes)
+        check_combine(combine, num_classes)
         self.combine = combine
         shape = (len(self.properties), levels, num_classes, num_classes)
         self.add_state("correct", torch.zeros(shape, dtype=torch.long), dist_reduce_fx="sum")

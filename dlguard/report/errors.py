@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dlguard._validation import check_labels, positive_int
-from dlguard.metrics.functional.robustness import _check_combine, digit_sum
+from dlguard._validation import check_combine, check_labels, positive_int
+from dlguard.metrics.functional.robustness import digit_sum
 
 __all__ = ["ErrorSummary", "summarize_errors"]
 
@@ -176,7 +176,7 @@ def summarize_errors(
     if not names or not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
         raise ValueError(f"properties: expected distinct property names, got {properties!r}")
     num_classes = positive_int("num_classes", num_classes, minimum=2)
-    _check_combine(combine, num_classes)
+    check_combine(combine, num_classes)
     for name, tensor in (("targets", targets), ("predictions", predictions)):
         if not isinstance(tensor, Tensor) or tensor.ndim != 2 or tensor.shape[1] != 2:
             shape = tuple(tensor.shape) if isinstance(tensor, Tensor) else type(tensor).__name__

@@ -128,9 +128,11 @@ def test_adder_rejects_labels_outside_the_classes() -> None:
 
 def test_digit_sum_needs_ten_classes() -> None:
     pairs = (torch.tensor([0, 1, 1]), torch.tensor([1, 0, 1])), (torch.tensor([1, 0, 0]), torch.tensor([0, 1, 1]))
-    with pytest.raises(ValueError, match=r"combine: the default digit_sum .* num_classes is 2; pass a combine"):
+    with pytest.raises(
+        ValueError, match=r"combine: digit_sum adds labels as digits 0-9, but num_classes is 2; pass a combine"
+    ):
         AdderGlobalRobustness(num_classes=2, properties=["noise"], levels=1)
-    with pytest.raises(ValueError, match="combine: the default digit_sum"):
+    with pytest.raises(ValueError, match="combine: digit_sum adds labels as digits 0-9"):
         adder_global_robustness(*pairs, num_classes=2)
     # a combine that fits the labels: here "are both inputs of the same class" (1 = yes)
     same = lambda a, b: (a == b).long()  # noqa: E731

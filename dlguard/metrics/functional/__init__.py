@@ -8,6 +8,7 @@ from dlguard.metrics.functional.coverage import (
     neuron_coverage,
     neuron_values,
     output_impartiality,
+    scaled_neuron_values,
     strong_neuron_activation_coverage,
     top_k_neuron_coverage,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "neuron_coverage",
     "neuron_values",
     "output_impartiality",
+    "scaled_neuron_values",
     "strong_neuron_activation_coverage",
     "top_k_neuron_coverage",
 ]

@@ -26,6 +26,7 @@ __all__ = [
     "neuron_coverage",
     "neuron_values",
     "output_impartiality",
+    "scaled_neuron_values",
     "strong_neuron_activation_coverage",
     "top_k_neuron_coverage",
 ]
@@ -97,12 +98,18 @@ def _check_ranges(ranges: object, activations: Mapping[str, Tensor]) -> dict[str
     return {name: _check_range(name, ranges[name]) for name in activations}
 
 
-def _scaled_neuron_values(activation: Tensor, values: Tensor | None = None) -> Tensor:
+def scaled_neuron_values(activation: Tensor, values: Tensor | None = None) -> Tensor:
     """DeepTest's form: the whole layer output min-max scaled per input, then per neuron.
 
     Scaling is affine, so the channel mean of the scaled output is the scaled channel mean: one
     pass for the means (skipped when ``values`` are given) and one for each input's min and max,
-    never a scaled copy of the output.
+    never a scaled copy of the output. An input whose layer output is constant gets zeros.
+
+    Example:
+        >>> import torch
+        >>> scaled_neuron_values(torch.tensor([[0.0, 2.0, 4.0], [1.0, 1.0, 1.0]]))
+        tensor([[0.0000, 0.5000, 1.0000],
+                [0.0000, 0.0000, 0.0000]])
     """
     values = neuron_values(activation) if values is None else values
     flat = activation.flatten(1)
@@ -169,7 +176,7 @@ def _checked_values(
     With ``ranges`` (already checked), each layer's number of neurons must match its range.
     """
     _check_activations(activations)
-    read = _scaled_neuron_values if scaled else neuron_values
+    read = scaled_neuron_values if scaled else neuron_values
     values = {name: read(a) for name, a in activations.items()}
     for name, v in values.items():
         if ranges is not None and v.shape[1] != len(ranges[name].low):

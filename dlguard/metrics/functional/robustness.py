@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from dlguard._validation import check_labels, check_tensor, positive_int
+from dlguard._validation import check_combine, check_labels, check_tensor, positive_int
 
 __all__ = ["LocalRobustnessResult", "adder_global_robustness", "digit_sum", "local_robustness"]
 
@@ -98,15 +98,7 @@ def digit_sum(first: Tensor, second: Tensor) -> Tensor:
     return first + second
 
 
-def _check_combine(combine: object, num_classes: int) -> None:
-    """``combine`` is callable, and the digit sum only combines the ten digit classes."""
-    if not callable(combine):
-        raise ValueError(f"combine: expected a callable of two label tensors, got {type(combine).__name__}")
-    if combine is digit_sum and num_classes != 10:
-        raise ValueError(
-            f"combine: the default digit_sum adds labels as digits 0-9, but num_classes is {num_classes}; "
-            "pass a combine that fits the labels (e.g. combine=torch.add when their sum is meaningful)"
-        )
+digit_sum.labels_are_digits = True  # type: ignore[attr-defined]  # check_combine refuses it for other tasks
 
 
 def _label_pair(name: str, pair: object, num_classes: int) -> tuple[Tensor, Tensor]:
@@ -126,7 +118,7 @@ def _adder_update(
 ) -> tuple[Tensor, Tensor]:
     """Per class pair ``(C, C)``: pairs whose combined prediction equals the combined truth, and all pairs."""
     num_classes = positive_int("num_classes", num_classes, minimum=2)
-    _check_combine(combine, num_classes)
+    check_combine(combine, num_classes)
     first, second = _label_pair("preds", preds, num_classes)
     true_first, true_second = _label_pair("targets", targets, num_classes)
     if true_first.shape != first.shape:
