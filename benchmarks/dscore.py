@@ -17,8 +17,8 @@ import torch
 from _timing import timed
 from torch import nn
 
-from dlguard.callbacks import DScoreCallback
 from dlguard.data import MNISTDataModule
+from dlguard.generate import measure_dscore
 from dlguard.probes import deletion_mutant_logits, evaluation, intervene, region_keep_masks, select_layers
 from dlguard.probes.region_deletion import default_max_batch
 from dlguard.zoo import pretrained
@@ -74,14 +74,14 @@ def main() -> None:
     print(f"mutants, one at a time : {t_loop * 1e3:8.1f} ms")
     print(f"mutants, batched       : {t_batched * 1e3:8.1f} ms   loop / batched = {t_loop / t_batched:.2f}x")
 
-    callback = DScoreCallback(n=args.n, probe_size=args.probe)
-
     def plain_validation() -> torch.Tensor:
         with evaluation(model), torch.no_grad():
             return model(images)
 
     times = timed(
-        {"plain": plain_validation, "measure": lambda: callback.measure(model, images, target)}, device, args.repeats
+        {"plain": plain_validation, "measure": lambda: measure_dscore(model, images, target, n=args.n)},
+        device,
+        args.repeats,
     )
     t_plain, t_measure = times["plain"], times["measure"]
     print(f"plain validation pass  : {t_plain * 1e3:8.1f} ms")

@@ -21,18 +21,11 @@ from lightning.pytorch.loggers import CSVLogger, Logger
 from torchmetrics.classification import MulticlassConfusionMatrix
 
 from dlguard.augment import ScoreGuidedPadding
-from dlguard.callbacks import DScoreCallback, NeuronCoverageCallback, RobustnessCallback
+from dlguard.callbacks import DScoreCallback, NeuronCoverageCallback, ProbeCallback, RobustnessCallback
 from dlguard.data import MNISTDataModule, model_device
-from dlguard.metrics.functional import d_score
+from dlguard.metrics.functional import digit_sum
 from dlguard.probes import evaluation
-from dlguard.report import (
-    log_figure,
-    plot_coverage_by_layer,
-    plot_dscore_heatmaps,
-    plot_image_grid,
-    plot_robustness_curves,
-    plot_training_curves,
-)
+from dlguard.report import log_figure, plot_image_grid, plot_training_curves
 from dlguard.zoo import ClassifierModule, mnist_a
 
 __all__ = ["DemoConfig", "default_wandb_mode", "demo_callbacks", "run_demo"]
@@ -72,47 +65,31 @@ def demo_callbacks(config: DemoConfig) -> list[Callback]:
         ModelCheckpoint(dirpath=config.out / "checkpoints", monitor="val_acc", mode="max"),
         DScoreCallback(n=3, t=5, probe_size=500, guide=ScoreGuidedPadding(), seed=config.seed),
         NeuronCoverageCallback(criteria=("nc", "kmnc", "nbc", "snac", "tknc")),
-        RobustnessCallback(per_class=50, pairs=300, seed=config.seed),
+        RobustnessCallback(per_class=50, pairs=300, combine=digit_sum, seed=config.seed),
     ]
 
 
 def _callback_outputs(callbacks: list[Callback]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """Summary entries, JSON files and final figures from the dlguard callbacks' histories."""
+    """Summary entries, JSON files and final figures, as each dlguard callback reports them."""
     summary: dict[str, Any] = {}
     files: dict[str, Any] = {}
     figures: dict[str, Any] = {}
     for callback in callbacks:
-        if isinstance(callback, DScoreCallback) and callback.latest is not None:
-            latest = callback.latest
-            result = d_score(latest["baseline_acc"], latest["deletion_acc"], latest["translation_acc"], 10)
-            summary["dscore"] = {k: round(latest[k], 4) for k in ("d_score", "v_robust", "v_fitness", "baseline_acc")}
-            summary["dscore"]["guide_p"] = round(latest["augment_probability"], 4)
-            files["dscore.json"] = callback.history
-            figures["dscore_heatmaps"] = plot_dscore_heatmaps(result)
-        if isinstance(callback, NeuronCoverageCallback) and callback.history:
-            latest = callback.history[-1]
-            summary["coverage"] = {c: round(latest[c], 4) for c in callback.criteria}
-            files["coverage.json"] = callback.history
-            figures["coverage_by_layer"] = plot_coverage_by_layer(latest["per_layer"])
-        if isinstance(callback, RobustnessCallback) and callback.history:
-            latest = callback.history[-1]
-            summary["robustness"] = {
-                name: round(sum(e["lr_p"]) / len(e["lr_p"]), 4) for name, e in latest["local"].items()
-            }
-            summary["global_robustness"] = {name: round(sum(v) / len(v), 4) for name, v in latest["global"].items()}
-            files["robustness.json"] = callback.history
-            files["error_summary.json"] = callback.summary
-            curves = {name: e["lr_p"] for name, e in latest["local"].items()}
-            figures["robustness_curves"] = plot_robustness_curves(
-                curves, {n: e["levels"] for n, e in latest["local"].items()}
-            )
+        if not isinstance(callback, ProbeCallback) or callback.latest is None:
+            continue
+        summary[callback.prefix] = callback.summary()
+        files[f"{callback.prefix}.json"] = callback.history
+        for key, figure in callback.final_figures().items():
+            figures[key.replace("/", "_")] = figure
+        if isinstance(callback, RobustnessCallback) and callback.error_summary is not None:
+            files["error_summary.json"] = callback.error_summary
     return summary, files, figures
 
 
 def _markdown(summary: dict[str, Any]) -> str:
     from dlguard.report import ErrorSummary
 
-    return ErrorSummary(**summary).to_markdown()
+    return ErrorSummary(**summary, failures=[]).to_markdown()
 
 
 def _loggers(config: DemoConfig) -> list[Logger]:

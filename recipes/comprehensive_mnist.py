@@ -20,17 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import torch
+from matplotlib.figure import Figure
 
 from dlguard.augment import ErrorGuidedAugmentation, default_properties
 from dlguard.callbacks import RobustnessCallback
 from dlguard.data import MNISTDataModule, balanced_correct_subset
 from dlguard.generate import robustness_sweep
-from dlguard.metrics import AdderGlobalRobustness, LocalRobustness
+from dlguard.metrics.functional import digit_sum
 from dlguard.report import plot_robustness_curves, summarize_errors
 from dlguard.zoo import ClassifierModule, pretrained
 
@@ -46,21 +43,12 @@ def probe_set(model: torch.nn.Module, dm: MNISTDataModule, per_class: int) -> tu
 
 
 def evaluate(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, pairs: int) -> dict[str, Any]:
-    levels = max(len(p.levels) for p in PROPERTIES)
-    local = LocalRobustness(10, [p.name for p in PROPERTIES], levels)
-    adder = AdderGlobalRobustness(10, [p.name for p in PROPERTIES], levels)
-    torch.manual_seed(0)
-    with torch.no_grad():
-        model.eval()
-        records = robustness_sweep(
-            model, images, labels, PROPERTIES, local, adder, pairs, torch.Generator().manual_seed(0)
-        )
-    results, adder_results = local.compute(), adder.compute()
+    sweep = robustness_sweep(model, images, labels, PROPERTIES, pairs=pairs, combine=digit_sum, seed=0)
     return {
-        "lr_p": {p.name: results[p.name].per_level.tolist() for p in PROPERTIES},
-        "lr_cp": {p.name: results[p.name].per_class.mean(0).tolist() for p in PROPERTIES},  # mean over levels
-        "gr": {p.name: adder_results[p.name][0].tolist() for p in PROPERTIES},
-        "summary": summarize_errors([p.name for p in PROPERTIES], num_classes=10, **records),
+        "lr_p": {p.name: sweep.local[p.name].per_level.tolist() for p in PROPERTIES},
+        "lr_cp": {p.name: sweep.local[p.name].per_class.mean(0).tolist() for p in PROPERTIES},  # mean over levels
+        "gr": {p.name: sweep.adder[p.name][0].tolist() for p in PROPERTIES},
+        "summary": summarize_errors([p.name for p in PROPERTIES], num_classes=10, **sweep.pairs),
     }
 
 
@@ -75,7 +63,9 @@ def clean_accuracy(model: torch.nn.Module, dm: MNISTDataModule) -> float:
 def fine_tune(name: str, guided: bool, epochs: int, per_class: int, pairs: int, out: Path) -> torch.nn.Module:
     L.seed_everything(0, workers=True, verbose=False)
     callbacks = (
-        [RobustnessCallback(per_class=per_class, pairs=pairs, guide=ErrorGuidedAugmentation())] if guided else []
+        [RobustnessCallback(per_class=per_class, pairs=pairs, combine=digit_sum, guide=ErrorGuidedAugmentation())]
+        if guided
+        else []
     )
     module = ClassifierModule(pretrained(name).train(), lr=3e-4)
     trainer = L.Trainer(max_epochs=epochs, callbacks=callbacks, logger=False, enable_checkpointing=False,
@@ -102,13 +92,15 @@ def main() -> None:
     dm = MNISTDataModule(batch_size=500)
     dm.setup()
     lines, results = [], {}
-    figure, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True, layout="constrained")
-    for ax, name in zip(axes, ("mnist_a", "mnist_b"), strict=True):
+    figure = Figure(figsize=(11, 6.4), layout="constrained")
+    for panel, name in zip(figure.subfigures(2, 1), ("mnist_a", "mnist_b"), strict=True):
         model = pretrained(name)
         images, labels = probe_set(model, dm, args.per_class)
         before = evaluate(model, images, labels, args.pairs)
         (args.out / f"error_summary_{name}.md").write_text(before["summary"].to_markdown())
-        plot_robustness_curves(before["lr_p"], {p.name: p.levels for p in PROPERTIES}, ax=ax, title=name)
+        axes = panel.subplots(1, len(PROPERTIES), sharey=True)
+        plot_robustness_curves(before["lr_p"], {p.name: p.levels for p in PROPERTIES}, ax=list(axes))
+        panel.suptitle(name)
         lines += ["", f"### {name}: local robustness LR_(c,p), mean over severities (probe: {len(labels)} digits)", "",
                   "| property | " + " | ".join(str(c) for c in range(10)) + " | LR_p by level | GR (adder) by level |",
                   "| --- | " + " | ".join("---" for _ in range(10)) + " | --- | --- |"]  # fmt: skip

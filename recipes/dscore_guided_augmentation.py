@@ -28,6 +28,7 @@ from dlguard.augment import ScoreGuidedPadding
 from dlguard.augment.functional import pad_resize
 from dlguard.callbacks import DScoreCallback
 from dlguard.data import MNISTDataModule
+from dlguard.generate import measure_dscore
 from dlguard.zoo import ClassifierModule, mnist_a
 
 N, T = 3, 5
@@ -78,12 +79,10 @@ def evaluate(module: ClassifierModule) -> dict[str, Any]:
     dm = MNISTDataModule(batch_size=1000)
     dm.setup()
     images, target = next(iter(dm.val_dataloader()))
-    probe = DScoreCallback(n=N, t=T, probe_size=len(images))
-    result = probe.measure(module, images, target)
-    total = float(probe._metric.total)
+    result = measure_dscore(module, images, target, n=N, t=T)
     return {
-        "clean_acc": float(probe._metric.baseline_correct) / total,
-        "a_i": (probe._metric.translation_correct / total).tolist(),
+        "clean_acc": float(result.baseline_accuracy),
+        "a_i": result.translation_accuracy.tolist(),
         "f_i": result.feature_distribution.tolist(),
         "v_robust": float(result.v_robust),
         "v_fitness": float(result.v_fitness),

@@ -11,11 +11,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import torch
+from matplotlib.figure import Figure
 from sklearn.datasets import load_sample_images
 from torch.nn import functional as F
 
@@ -44,7 +41,8 @@ def main() -> None:
     columns = [("clean", images)]
     for name, effect in (("fog", RandomFog), ("rain", RandomRain)):
         columns += [(f"{name} {s}", effect(severity=s, p=1.0)(images)) for s in range(1, 6)]
-    figure, axes = plt.subplots(len(images), len(columns), figsize=(1.6 * len(columns), 1.7 * len(images)))
+    figure = Figure(figsize=(1.6 * len(columns), 1.7 * len(images)))
+    axes = figure.subplots(len(images), len(columns))
     for col, (title, batch) in enumerate(columns):
         for row in range(len(images)):
             axes[row, col].imshow(batch[row].permute(1, 2, 0).numpy())

@@ -52,10 +52,11 @@ def test_dlguard_demo_fast_end_to_end(tmp_path: Path) -> None:
     assert summary["coverage"]["nc"] == pytest.approx(coverage[-1]["nc"], abs=1e-4)
     robustness = json.loads((out / "robustness.json").read_text())
     assert [record["epoch"] for record in robustness] == [0, 1, 2]
-    assert set(summary["robustness"]) == {"noise", "rotation", "brightness"}
+    assert {"noise", "rotation", "brightness", "noise@0.3"} <= set(summary["robustness"])
+    assert summary["robustness"]["noise"] == pytest.approx(sum(robustness[-1]["local"]["noise"]["lr_p"]) / 5, abs=1e-4)
     error_summary = json.loads((out / "error_summary.json").read_text())
     assert error_summary["pairs"] == 300 * 5 * 3 and "# Error summary" in (out / "error_summary.md").read_text()
-    figures = ("training_curves", "confusion_matrix", "misclassified", "dscore_heatmaps", "coverage_by_layer")
+    figures = ("training_curves", "confusion_matrix", "misclassified", "dscore_distributions", "coverage_by_layer")
     figures += ("robustness_curves",)
     for name in (f"{figure}.png" for figure in figures):
         assert name in summary["figures"] and (out / name).read_bytes()[:8] == PNG
@@ -66,6 +67,10 @@ def test_dlguard_demo_fast_end_to_end(tmp_path: Path) -> None:
     assert len(list(offline_runs[0].rglob("dscore/distributions_*.png"))) == 3
     # and the coverage callback its per-layer bar charts, as W&B tables
     assert list(offline_runs[0].rglob("coverage/by_layer/nc*table.json"))
+    # robustness curves, one chart per property over its own levels, and the error summary files
+    assert list(offline_runs[0].rglob("robustness/curve/rotation*table.json"))
+    assert list(offline_runs[0].rglob("files/robustness/error_summary.json"))
+    assert list(offline_runs[0].rglob("files/robustness/error_summary.md"))
 
 
 def test_demo_without_wandb_writes_no_wandb_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
