@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import socket
+import faulthandler
+import tempfile
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -40,23 +41,25 @@ def quick_trainer(
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+_WORKER_TIMEOUT_S = 120
 
 
-def _run(rank: int, world: int, port: int, fn: Callable[[int, int], Any], out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        result = fn(rank, world)
-        if rank == 0:
-            import torch
+def _run(rank: int, world: int, store: str, fn: Callable[[int, int], Any], out: str) -> None:
+    # a stuck worker prints where it is stuck and exits, so mp.spawn fails instead of waiting forever
+    faulthandler.dump_traceback_later(_WORKER_TIMEOUT_S, exit=True)
+    # a file rendezvous: no TCP port to race for with other processes of the test run
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
+    result = fn(rank, world)
+    if rank == 0:
+        import torch
 
-            torch.save(result, out)
-    finally:
-        dist.destroy_process_group()
+        torch.save(result, out)
+    # both ranks leave together: destroying a gloo group while the peer still talks can hang (torch 2.5)
+    dist.barrier()
+    dist.destroy_process_group()
+    faulthandler.cancel_dump_traceback_later()
 
 
 def run_on_two_processes(fn: Callable[[int, int], Any], tmp_path: Path) -> Any:
@@ -64,5 +67,6 @@ def run_on_two_processes(fn: Callable[[int, int], Any], tmp_path: Path) -> Any:
     import torch
 
     out = tmp_path / "rank0.pt"
-    mp.spawn(_run, args=(2, _free_port(), fn, str(out)), nprocs=2, join=True)
+    store = tempfile.mktemp(prefix="dlguard-store-", dir=tmp_path)
+    mp.spawn(_run, args=(2, store, fn, str(out)), nprocs=2, join=True)
     return torch.load(out, weights_only=False)

@@ -90,6 +90,7 @@ class ProbeCallback(Callback, ABC):
         self.accessor = BatchAccessor(batch_keys)
         self.history: list[dict[str, Any]] = []
         self._adapter: ModelAdapter | None = None
+        self._log_dir: Path | None = None
         self._draw: ProbeSetDraw | None = None
         self._probes: dict[str, ProbeSet] = {}
         self._restored_probe: dict[str, Any] | None = None
@@ -166,6 +167,9 @@ class ProbeCallback(Callback, ABC):
     # ---- set-up ----------------------------------------------------------------------------
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # trainer.log_dir broadcasts from rank zero: resolve it here, while more collectives follow. As the
+        # last collective of a ddp_spawn run, its work object can outlive the interpreter and abort the worker
+        self._log_dir = Path(trainer.log_dir or trainer.default_root_dir)
         self._adapter = ModelAdapter(pl_module, self.preprocess, self.output_transform)
         self._check_model(pl_module)
         if stage == "fit":
@@ -290,8 +294,8 @@ class ProbeCallback(Callback, ABC):
     # ---- figures and files -------------------------------------------------------------------
 
     def _directory(self, trainer: L.Trainer) -> Path:
-        """``<log_dir>/<prefix>``; ``trainer.log_dir`` is a collective, so every rank calls this."""
-        return Path(trainer.log_dir or trainer.default_root_dir) / self.prefix
+        """``<log_dir>/<prefix>``, the log directory as resolved at :meth:`setup` (no collective here)."""
+        return (self._log_dir if self._log_dir is not None else Path(trainer.default_root_dir)) / self.prefix
 
     def _publish(self, trainer: L.Trainer, record: dict[str, Any]) -> None:
         directory = self._directory(trainer)
