@@ -61,8 +61,11 @@ def test_geometric_ops_match_opencv(image: torch.Tensor) -> None:
         (scaling(image, 1.5), zoom),
         (shearing(image, -0.3), np.array([[1, -0.3, 0], [0, 1, 0]])),
     ]
+    # OpenCV 4 rounds sample positions to 1/32 pixel (INTER_TAB_SIZE), OpenCV 5 does not: a neighbour step of
+    # up to 1 on this image gives up to about 1/64 of error per axis there
+    atol = 2e-3 if int(cv2.__version__.split(".")[0]) >= 5 else 2.5e-2
     for ours, matrix in cases:
-        torch.testing.assert_close(interior(ours), interior(warp_cv2(image, matrix)), atol=2e-3, rtol=0)
+        torch.testing.assert_close(interior(ours), interior(warp_cv2(image, matrix)), atol=atol, rtol=0)
 
 
 def test_blurs_match_opencv(image: torch.Tensor) -> None:
