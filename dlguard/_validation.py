@@ -73,8 +73,11 @@ def check_tensor(name: str, value: object, *, min_ndim: int = 1, floating: bool 
     return value
 
 
-def check_values(name: str, values: Tensor, bounds: tuple[float, float] | None = (0.0, 1.0)) -> None:
-    """No NaN, and every value inside ``bounds`` when given (two reductions, one host sync)."""
+def check_values(name: str, values: Tensor, bounds: tuple[float, float] | None = (0.0, 1.0), hint: str = "") -> None:
+    """No NaN, and every value inside ``bounds`` when given (two reductions, one host sync).
+
+    ``hint`` is appended to the out-of-range message: where the bounds come from and how to change them.
+    """
     if values.numel() == 0:
         return
     if not values.is_floating_point():
@@ -85,7 +88,7 @@ def check_values(name: str, values: Tensor, bounds: tuple[float, float] | None =
     if bounds is not None and (low < bounds[0] or high > bounds[1]):
         raise ValueError(
             f"{name}: expected values in [{bounds[0]:g}, {bounds[1]:g}], got values in [{float(low):.4g}, "
-            f"{float(high):.4g}]"
+            f"{float(high):.4g}]" + (f"; {hint}" if hint else "")
         )
 
 

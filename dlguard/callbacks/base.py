@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import Callback
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
-from dlguard._validation import positive_int
+from dlguard._validation import check_values, positive_int
 from dlguard.data.batch import BatchAccessor, BatchKeys
 from dlguard.data.probe_set import ProbeSet, ProbeSetDraw, ProbeSetPolicy
 from dlguard.probes.adapter import ModelAdapter
@@ -219,7 +219,11 @@ class ProbeCallback(Callback, ABC):
         if dataloader_idx != self.dataloader_idx:
             return
         if not self._read_eval_batch:  # an unusable batch fails at the first batch (the sanity check's too)
-            self._check_batch(*self.accessor.read(batch))
+            inputs, target = self.accessor.read(batch)
+            self._check_batch(inputs, target)
+            policy = self._probe_policy()
+            if policy is not None:
+                check_values("inputs (first evaluation batch)", inputs, policy.value_range, policy.value_range_hint)
             self._read_eval_batch = True
         if self._draw is None:
             return

@@ -111,7 +111,8 @@ class DScoreCallback(ProbeCallback):
         return self._generate_state_key(n=self.n, t=self.t)
 
     def _probe_policy(self) -> ProbeSetPolicy:
-        return ProbeSetPolicy(size=self.probe_size, seed=self.seed)
+        hint = "D-Score deletes and pads pixels: load [0, 1] images and pass the model's normalisation as preprocess"
+        return ProbeSetPolicy(size=self.probe_size, seed=self.seed, value_range_hint=hint)
 
     def _check_model(self, pl_module: nn.Module) -> None:
         dscore_layers(pl_module, self.layers)  # a model without the layers D-Score mutates fails here

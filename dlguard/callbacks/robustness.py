@@ -152,7 +152,13 @@ class RobustnessCallback(ProbeCallback):
     def _probe_policy(self) -> ProbeSetPolicy:
         ranges = {getattr(p, "value_range", (0.0, 1.0)) for p in self.properties}
         bounds = next(iter(ranges)) if len(ranges) == 1 else (0.0, 1.0)
-        return ProbeSetPolicy(per_class=self.per_class, correct_only=True, seed=self.seed, value_range=bounds)
+        hint = (
+            "the bounds are the properties' value_range; for inputs that are not [0, 1] pixels pass "
+            "properties=default_properties(value_range=None) or properties whose value_range fits"
+        )
+        return ProbeSetPolicy(
+            per_class=self.per_class, correct_only=True, seed=self.seed, value_range=bounds, value_range_hint=hint
+        )
 
     def _check_batch(self, inputs: Tensor, target: Tensor) -> None:
         for prop in self.properties:

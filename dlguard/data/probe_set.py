@@ -34,6 +34,7 @@ class ProbeSetPolicy:
         correct_only: keep only inputs the model classifies correctly (SPEC §5 sampling).
         seed: the draw's seed.
         value_range: every input must lie in it (pixel space, SPEC §0); ``None`` for any values.
+        value_range_hint: appended to the error for inputs outside ``value_range``: where it comes from.
     """
 
     size: int | None = None
@@ -41,6 +42,7 @@ class ProbeSetPolicy:
     correct_only: bool = False
     seed: int = 0
     value_range: tuple[float, float] | None = (0.0, 1.0)
+    value_range_hint: str = ""
 
     def __post_init__(self) -> None:
         if (self.size is None) == (self.per_class is None):
@@ -160,7 +162,7 @@ class ProbeSetDraw:
             raise ValueError("correct: a correct_only draw needs a (B,) mask of correctly predicted inputs")
         if len(inputs) == 0:
             return
-        check_values(f"inputs ({self.context})", inputs, self.policy.value_range)
+        check_values(f"inputs ({self.context})", inputs, self.policy.value_range, self.policy.value_range_hint)
         keys = content_keys(inputs, self.policy.seed)
         if self.restore is not None:
             mask = torch.isin(keys, self.restore.to(keys.device))

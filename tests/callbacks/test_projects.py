@@ -257,3 +257,13 @@ def test_rotation_and_dscore_refuse_signals_naming_the_argument(tmp_path: Path) 
     trainer = quick_trainer(tmp_path, [RobustnessCallback(rotation, per_class=5)], train_batches=5)
     with pytest.raises(ValueError, match=r"properties: 'rotation' needs images \(B, C, H, W\)"):
         trainer.fit(SignalClassifier(), datamodule=Signals())
+
+
+def test_signals_outside_the_pixel_range_are_refused_saying_how_to_measure_them(tmp_path: Path) -> None:
+    properties = [p for p in default_properties() if p.name != "rotation"]  # value_range (0, 1): pixels
+    trainer = quick_trainer(tmp_path, [RobustnessCallback(properties, per_class=5)], train_batches=1)
+    module = SignalClassifier()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    with pytest.raises(ValueError, match=r"expected values in \[0, 1\].*default_properties\(value_range=None\)"):
+        trainer.fit(module, datamodule=Signals())
+    assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())  # lr 0.05, one step: would move
