@@ -12,6 +12,7 @@ from dlguard.metrics.functional.coverage import (
     strong_neuron_activation_coverage,
     top_k_neuron_coverage,
 )
+from dlguard.metrics.functional.distribution import kde_log_density, kde_sample
 from dlguard.metrics.functional.dscore import DScoreResult, d_score, g_bound
 from dlguard.metrics.functional.robustness import (
     LocalRobustnessResult,
@@ -30,6 +31,8 @@ __all__ = [
     "digit_sum",
     "g_bound",
     "k_multisection_coverage",
+    "kde_log_density",
+    "kde_sample",
     "local_robustness",
     "neuron_boundary_coverage",
     "neuron_coverage",
