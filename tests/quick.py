@@ -67,6 +67,6 @@ def run_on_two_processes(fn: Callable[[int, int], Any], tmp_path: Path) -> Any:
     import torch
 
     out = tmp_path / "rank0.pt"
-    store = tempfile.mktemp(prefix="dlguard-store-", dir=tmp_path)
+    store = Path(tempfile.mkdtemp(prefix="rendezvous-", dir=tmp_path)) / "store"  # fresh per call
     mp.spawn(_run, args=(2, store, fn, str(out)), nprocs=2, join=True)
     return torch.load(out, weights_only=False)

@@ -267,3 +267,24 @@ def test_signals_outside_the_pixel_range_are_refused_saying_how_to_measure_them(
     with pytest.raises(ValueError, match=r"expected values in \[0, 1\].*default_properties\(value_range=None\)"):
         trainer.fit(module, datamodule=Signals())
     assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())  # lr 0.05, one step: would move
+
+
+class _NoCollectiveAtTheEnd(L.Callback):
+    """From the end of the fit loop on, any broadcast fails: dlguard's end-of-run writing may not make one.
+
+    Under ddp_spawn, a broadcast as a run's last collective (``trainer.log_dir``) aborted workers at exit.
+    """
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        def refuse(*args: object, **kwargs: object) -> None:
+            raise AssertionError("a collective at the end of the run")
+
+        trainer.strategy.broadcast = refuse
+
+
+def test_end_of_run_figures_are_written_without_a_collective(tmp_path: Path) -> None:
+    callbacks = all_callbacks(preprocess=normalize, batch_keys=KEYS)
+    trainer = quick_trainer(tmp_path, [_NoCollectiveAtTheEnd(), *callbacks], train_batches=2, val_batches=2)
+    trainer.fit(NormalizedDigits(), datamodule=DigitDicts())
+    written = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.png")}
+    assert {"dscore/dscore_distributions.png", "coverage/coverage_by_layer.png"} <= written
