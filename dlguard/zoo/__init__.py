@@ -3,5 +3,16 @@
 from dlguard.zoo.models import cifar_cnn, mnist_a, mnist_b
 from dlguard.zoo.module import ClassifierModule
 from dlguard.zoo.pretrained import pretrained, save_pretrained
+from dlguard.zoo.vae import VAE, VAEModule, elbo_loss
 
-__all__ = ["ClassifierModule", "cifar_cnn", "mnist_a", "mnist_b", "pretrained", "save_pretrained"]
+__all__ = [
+    "VAE",
+    "ClassifierModule",
+    "VAEModule",
+    "cifar_cnn",
+    "elbo_loss",
+    "mnist_a",
+    "mnist_b",
+    "pretrained",
+    "save_pretrained",
+]

@@ -9,11 +9,12 @@ import torch
 from torch import nn
 
 from dlguard.zoo.models import mnist_a, mnist_b
+from dlguard.zoo.vae import VAE
 
 __all__ = ["WEIGHTS_DIR", "pretrained", "save_pretrained"]
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
-_ARCHITECTURES: dict[str, Callable[[], nn.Module]] = {"mnist_a": mnist_a, "mnist_b": mnist_b}
+_ARCHITECTURES: dict[str, Callable[[], nn.Module]] = {"mnist_a": mnist_a, "mnist_b": mnist_b, "vae_mnist": VAE}
 
 
 def _weights_path(name: str) -> Path:
@@ -29,7 +30,8 @@ def pretrained(name: str, map_location: str | torch.device = "cpu") -> nn.Module
     README are measured on the loaded float32 networks.
 
     Args:
-        name: ``"mnist_a"`` or ``"mnist_b"`` (28x28 inputs in ``[0, 1]``, 10 classes).
+        name: ``"mnist_a"`` or ``"mnist_b"`` (classifiers of 28x28 inputs in ``[0, 1]``, 10 classes), or
+            ``"vae_mnist"`` (HDA's MNIST :class:`~dlguard.zoo.vae.VAE`: hidden 256, latent 32).
         map_location: device to load onto.
 
     Example:
@@ -37,6 +39,8 @@ def pretrained(name: str, map_location: str | torch.device = "cpu") -> nn.Module
         >>> net = pretrained("mnist_a")
         >>> net(torch.zeros(1, 1, 28, 28)).shape, net.training
         (torch.Size([1, 10]), False)
+        >>> pretrained("vae_mnist").posterior(torch.zeros(1, 1, 28, 28))[0].shape
+        torch.Size([1, 32])
     """
     path = _weights_path(name)
     if not path.is_file():

@@ -91,3 +91,36 @@ def test_bad_input_is_refused_naming_the_argument(kwargs: dict, message: str) ->
         kde_log_density(**args)
     with pytest.raises(ValueError, match="num_samples"):
         kde_sample(torch.zeros(4, 3), torch.ones(4, 3), 0)
+
+
+def test_exclude_leaves_out_one_given_point_per_query(points) -> None:
+    mu, sigma, query = points
+    exclude = torch.tensor([-1, 0, 36, -1, 17, 5, 5, -1, 36, 1, 2])
+    got = kde_log_density(query, mu, sigma, exclude=exclude)
+    for j, point in enumerate(exclude.tolist()):
+        keep = torch.arange(37) != point  # all True for -1
+        torch.testing.assert_close(got[j], mixture(mu[keep], sigma[keep]).log_prob(query[j]))
+    for budget in (1, 7, 5 * 37 + 3):
+        torch.testing.assert_close(kde_log_density(query, mu, sigma, exclude=exclude, max_elements=budget), got)
+    # leave_one_out is exclude = arange(n)
+    torch.testing.assert_close(
+        kde_log_density(mu, mu, sigma, exclude=torch.arange(37)), kde_log_density(mu, mu, sigma, leave_one_out=True)
+    )
+
+
+@pytest.mark.parametrize(
+    ("exclude", "message"),
+    [
+        (torch.tensor([0.0, 1.0]), r"exclude: expected an integer tensor"),
+        (torch.tensor([0, 1, 2]), r"exclude: expected shape \(2,\)"),
+        (torch.tensor([0, 4]), r"exclude: expected indices in \[-1, 4\)"),
+        (torch.tensor([-2, 0]), r"exclude: expected indices in \[-1, 4\)"),
+    ],
+)
+def test_bad_exclude_is_refused(exclude: torch.Tensor, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        kde_log_density(torch.zeros(2, 3), torch.zeros(4, 3), torch.ones(4, 3), exclude=exclude)
+    with pytest.raises(ValueError, match="only fitted point"):
+        kde_log_density(torch.zeros(1, 3), torch.zeros(1, 3), torch.ones(1, 3), exclude=torch.tensor([0]))
+    with pytest.raises(ValueError, match="not both"):
+        kde_log_density(torch.zeros(4, 3), torch.zeros(4, 3), torch.ones(4, 3), True, exclude=torch.arange(4))

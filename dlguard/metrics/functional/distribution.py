@@ -42,6 +42,7 @@ def kde_log_density(
     sigma: Tensor,
     leave_one_out: bool = False,
     max_elements: int = 2**24,
+    exclude: Tensor | None = None,
 ) -> Tensor:
     """``log p_g(query_j)`` under the mixture of ``N(μ_i, diag σ_i²)`` (SPEC §4), ``(Q,)``.
 
@@ -53,6 +54,10 @@ def kde_log_density(
             ``j``): leave each one's own kernel out, so a point is not scored against itself.
         max_elements: memory budget, in elements of the ``(queries, points, D)`` block evaluated at
             once; results do not depend on it.
+        exclude: ``(Q,)`` integer index of a fitted point to leave out of query ``j``'s mixture (the
+            query *is* that point), ``-1`` to keep every point; the mixture left is normalised by
+            its own size ``n − 1``. Generalises ``leave_one_out`` (``exclude = arange(n)``) to
+            queries of which only some are fitted points; not combined with it.
 
     Returns:
         ``(Q,)`` log densities, in the dtype of ``mu`` and on its device.
@@ -64,6 +69,8 @@ def kde_log_density(
         tensor([0.2265])
         >>> kde_log_density(mu, mu, sigma, leave_one_out=True).exp().round(decimals=4)  # N(0; 2, 1) each
         tensor([0.0540, 0.0540])
+        >>> kde_log_density(mu, mu, sigma, exclude=torch.tensor([-1, 0])).exp().round(decimals=4)  # second alone
+        tensor([0.2265, 0.3989])
     """
     _check_mixture(mu, sigma)
     check_tensor("query", query, floating=True)
@@ -76,6 +83,12 @@ def kde_log_density(
         raise ValueError(
             f"leave_one_out: expected the fitted points as queries (Q = n >= 2), got Q={query.shape[0]}, n={n}"
         )
+    if exclude is not None:
+        if leave_one_out:
+            raise ValueError("exclude: give either leave_one_out=True or exclude, not both")
+        exclude = _check_exclude(exclude, query.shape[0], n).to(mu.device)
+    elif leave_one_out:
+        exclude = torch.arange(n, device=mu.device)
     query = query.to(device=mu.device, dtype=mu.dtype)
     # Σ_d log N(z_d; μ_d, σ_d) = −½ Σ_d ((z_d − μ_d)/σ_d)² − Σ_d log σ_d − D/2 · log 2π
     inv_sigma = sigma.reciprocal()
@@ -90,13 +103,28 @@ def kde_log_density(
             p1 = min(n, p0 + points_per_chunk)
             scaled = (z - mu[None, p0:p1]) * inv_sigma[None, p0:p1]  # (q, p, D)
             log_kernel = log_norm[p0:p1] - 0.5 * scaled.square().sum(dim=2)  # (q, p)
-            if leave_one_out:
-                rows = torch.arange(q0, q0 + z.shape[0], device=mu.device)[:, None]
+            if exclude is not None:
                 cols = torch.arange(p0, p1, device=mu.device)[None, :]
-                log_kernel = log_kernel.masked_fill(rows == cols, -math.inf)
+                log_kernel = log_kernel.masked_fill(exclude[q0 : q0 + z.shape[0], None] == cols, -math.inf)
             running = torch.logaddexp(running, torch.logsumexp(log_kernel, dim=1))
         out[q0 : q0 + z.shape[0]] = running
-    return out - math.log(n - 1 if leave_one_out else n)
+    if exclude is None:
+        return out - math.log(n)
+    return out - torch.log(n - (exclude >= 0).to(out.dtype))
+
+
+def _check_exclude(exclude: object, queries: int, n: int) -> Tensor:
+    if not isinstance(exclude, Tensor) or exclude.is_floating_point() or exclude.dtype == torch.bool:
+        raise ValueError(f"exclude: expected an integer tensor of point indices, got {exclude!r:.60}")
+    if exclude.shape != (queries,):
+        raise ValueError(f"exclude: expected shape ({queries},), one index per query, got {tuple(exclude.shape)}")
+    if exclude.numel():
+        low, high = int(exclude.min()), int(exclude.max())
+        if low < -1 or high >= n:
+            raise ValueError(f"exclude: expected indices in [-1, {n}) (-1 keeps every point), got [{low}, {high}]")
+        if n == 1 and high == 0:
+            raise ValueError("exclude: cannot leave out the only fitted point (the mixture left would be empty)")
+    return exclude.long()
 
 
 def kde_sample(mu: Tensor, sigma: Tensor, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
