@@ -7,6 +7,7 @@ functional maths, so a load-time import would be circular).
 
 from typing import Any
 
+from dlguard.metrics.ae_quality import AEQuality
 from dlguard.metrics.coverage import (
     KMultisectionCoverage,
     NeuronBoundaryCoverage,
@@ -17,12 +18,18 @@ from dlguard.metrics.coverage import (
 )
 from dlguard.metrics.dscore import DScore
 from dlguard.metrics.functional.coverage import NeuronRange
+from dlguard.metrics.global_robustness import EmpiricalGlobalRobustness
+from dlguard.metrics.latent_fid import LatentFeatures, LatentFrechetDistance, latent_frechet_distance
 from dlguard.metrics.robustness import AdderGlobalRobustness, LocalRobustness
 
 __all__ = [
+    "AEQuality",
     "AdderGlobalRobustness",
     "DScore",
+    "EmpiricalGlobalRobustness",
     "KMultisectionCoverage",
+    "LatentFeatures",
+    "LatentFrechetDistance",
     "LocalRobustness",
     "NeuronBoundaryCoverage",
     "NeuronCoverage",
@@ -30,6 +37,7 @@ __all__ = [
     "OutputImpartiality",
     "StrongNeuronActivationCoverage",
     "TopKNeuronCoverage",
+    "latent_frechet_distance",
     "profile_neuron_ranges",
 ]
 

@@ -1,5 +1,6 @@
 """Pure tensor maths of every dlguard score: no state, no model."""
 
+from dlguard.metrics.functional.ae_quality import AEQualityResult, ae_quality
 from dlguard.metrics.functional.coverage import (
     NeuronRange,
     activation_jaccard_distance,
@@ -14,6 +15,8 @@ from dlguard.metrics.functional.coverage import (
 )
 from dlguard.metrics.functional.distribution import kde_log_density, kde_sample
 from dlguard.metrics.functional.dscore import DScoreResult, d_score, g_bound
+from dlguard.metrics.functional.hda import empirical_global_robustness, prediction_loss
+from dlguard.metrics.functional.perceptual import perceptual_quality
 from dlguard.metrics.functional.robustness import (
     LocalRobustnessResult,
     adder_global_robustness,
@@ -22,13 +25,16 @@ from dlguard.metrics.functional.robustness import (
 )
 
 __all__ = [
+    "AEQualityResult",
     "DScoreResult",
     "LocalRobustnessResult",
     "NeuronRange",
     "activation_jaccard_distance",
     "adder_global_robustness",
+    "ae_quality",
     "d_score",
     "digit_sum",
+    "empirical_global_robustness",
     "g_bound",
     "k_multisection_coverage",
     "kde_log_density",
@@ -38,6 +44,8 @@ __all__ = [
     "neuron_coverage",
     "neuron_values",
     "output_impartiality",
+    "perceptual_quality",
+    "prediction_loss",
     "scaled_neuron_values",
     "strong_neuron_activation_coverage",
     "top_k_neuron_coverage",

@@ -73,9 +73,27 @@ def empirical_global_robustness(preds: Tensor, target: Tensor, log_density: Tens
         >>> empirical_global_robustness(preds, target, log_p)
         tensor(0.7000)
     """
+    log_correct, log_total, _ = _empirical_global_robustness_update(preds, target, log_density)
+    return _empirical_global_robustness_compute(log_correct, log_total).to(log_density.dtype)
+
+
+def _empirical_global_robustness_update(
+    preds: Tensor, target: Tensor, log_density: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``log Σ_{correct} p_i``, ``log Σ p_i`` (float64 scalars, ``-inf`` for an empty sum) and the number of seeds.
+
+    Log-sum-exp sums reduce across batches and processes by log-sum-exp again, so the states never
+    leave log space (densities of 32-d latent points can under- or overflow ``exp``, even in float64).
+    """
     preds = _check_seed_scores(preds, target, log_density)
     correct = preds.to(target.device) == target
-    weights = log_density.to(target.device)
-    if not torch.isfinite(weights.logsumexp(0)):
-        return torch.tensor(float("nan"), dtype=log_density.dtype)
-    return (weights[correct].logsumexp(0) - weights.logsumexp(0)).exp()
+    weights = log_density.to(device=target.device, dtype=torch.float64)
+    count = torch.tensor(len(weights), dtype=torch.long, device=target.device)
+    return weights[correct].logsumexp(0), weights.logsumexp(0), count
+
+
+def _empirical_global_robustness_compute(log_correct: Tensor, log_total: Tensor) -> Tensor:
+    """``exp(log_correct − log_total)``: NaN when the total weight is 0 (or infinite)."""
+    if not torch.isfinite(log_total):
+        return torch.full_like(log_total, float("nan"))
+    return (log_correct - log_total).exp()
