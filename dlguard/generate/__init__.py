@@ -1,6 +1,31 @@
 """Test generators and measurements that run a model, usable without Lightning; callbacks only schedule them."""
 
+from dlguard.generate.attacks import fgsm, pgd
+from dlguard.generate.distribution import GlobalDistribution, PCADistribution, VAEDistribution
 from dlguard.generate.dscore import dscore_layers, logit_width, measure_dscore
+from dlguard.generate.genetic import GAResult, two_step_ga
+from dlguard.generate.hda import HDARun, hda_test, select_hda_seeds
+from dlguard.generate.seeds import gradient_indicator, seed_scores, select_seeds, separation_indicator
 from dlguard.generate.sweep import RobustnessSweep, robustness_sweep
 
-__all__ = ["RobustnessSweep", "dscore_layers", "logit_width", "measure_dscore", "robustness_sweep"]
+__all__ = [
+    "GAResult",
+    "GlobalDistribution",
+    "HDARun",
+    "PCADistribution",
+    "RobustnessSweep",
+    "VAEDistribution",
+    "dscore_layers",
+    "fgsm",
+    "gradient_indicator",
+    "hda_test",
+    "logit_width",
+    "measure_dscore",
+    "pgd",
+    "robustness_sweep",
+    "seed_scores",
+    "select_hda_seeds",
+    "select_seeds",
+    "separation_indicator",
+    "two_step_ga",
+]

@@ -1,0 +1,193 @@
+"""Hierarchical distribution-aware testing (SPEC §4): seeds by global density × local vulnerability, then the GA.
+
+One run, usable without Lightning and shared by :class:`~dlguard.callbacks.HDACallback` and the
+recipe: score candidate seeds by ``p_g`` (the global distribution) and a local robustness
+indicator (``S_grad`` or ``S_sep``), keep the top ``k`` among the correctly classified ones, and
+search each seed's ``r``-ball with the two-step GA, all seeds' populations in one batch.
+
+Under DDP every process passes its own shard of candidates with their content keys: densities,
+indicators and keys are gathered so that the top ``k`` are chosen over all candidates (the
+selection one process would make), and each process searches around the selected seeds it holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from dlguard import _distributed
+from dlguard._random import content_keys
+from dlguard._validation import check_labels, check_tensor, check_values, positive_int
+from dlguard.generate.distribution import GlobalDistribution
+from dlguard.generate.genetic import GAResult, two_step_ga
+from dlguard.generate.seeds import gradient_indicator, select_seeds, separation_indicator
+from dlguard.probes.adapter import ModelAdapter
+from dlguard.probes.evaluation import evaluation
+
+__all__ = ["HDARun", "hda_test", "select_hda_seeds"]
+
+Indicator = Literal["grad", "sep"]
+_VULNERABILITY = {"grad": "high", "sep": "low"}  # a large gradient, a small separation: less robust
+
+
+@dataclass
+class HDARun:
+    """What one HDA run found; tensors hold this process's selected seeds, ``selected_keys`` all of them.
+
+    Attributes:
+        seeds: ``(k_rank, ...)`` the selected seeds this process holds, in key order.
+        labels: ``(k_rank,)`` their labels.
+        keys: ``(k_rank,)`` their content keys.
+        log_density: ``(k_rank,)`` ``log p_g`` of the seeds.
+        ga: the GA's result for these seeds (``examples (k_rank, m, ...)``...).
+        selected_keys: ``(k,)`` every process's selected keys, sorted.
+        candidate_log_density: ``(n,)`` ``log p_g`` of every candidate, over all processes, by key.
+        selected_density_share: ``(k,)`` each selected seed's ``p_g`` over the candidates' total, by key
+            (the paper's Table 6 normalises densities for presentation; random seeds average ``1 / n``).
+    """
+
+    seeds: Tensor
+    labels: Tensor
+    keys: Tensor
+    log_density: Tensor
+    ga: GAResult
+    selected_keys: Tensor
+    candidate_log_density: Tensor
+    selected_density_share: Tensor
+
+
+def _adapter(model: nn.Module | ModelAdapter) -> ModelAdapter:
+    return model if isinstance(model, ModelAdapter) else ModelAdapter(model)
+
+
+def select_hda_seeds(
+    model: nn.Module | ModelAdapter,
+    candidates: Tensor,
+    target: Tensor,
+    distribution: GlobalDistribution,
+    k: int,
+    indicator: Indicator = "grad",
+    keys: Tensor | None = None,
+    max_batch: int = 256,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Indices (into this process's ``candidates``) of the top ``k`` seeds over all processes.
+
+    Candidates the model misclassifies are never selected. Returns the local indices in key order
+    and the gathered ``{"keys", "log_density", "selected"}`` of every candidate (``selected``: the
+    global selection's keys, sorted).
+    """
+    adapter = _adapter(model)
+    keys = content_keys(candidates) if keys is None else keys
+    log_density = distribution.log_density(candidates).to(adapter.device, torch.float64)
+    with evaluation(adapter.model), torch.no_grad():
+        correct = adapter.logits(candidates, max_batch=max_batch).argmax(dim=1) == target.to(adapter.device)
+    if indicator == "grad":
+        scores = gradient_indicator(adapter, candidates, target, max_batch=max_batch)
+    else:
+        reference, reference_target = _distributed.gather_cat(candidates), _distributed.gather_cat(target)
+        scores = separation_indicator(adapter, candidates, target, reference, reference_target, max_batch=max_batch)
+    gathered = {
+        name: _distributed.gather_cat(value.to(adapter.device))
+        for name, value in (
+            ("keys", keys),
+            ("log_density", log_density),
+            ("indicator", scores.double()),
+            ("correct", correct),
+        )
+    }
+    order = gathered["keys"].argsort()  # one order for 1 or N processes
+    gathered = {name: value[order] for name, value in gathered.items()}
+    chosen = select_seeds(
+        gathered["log_density"],
+        gathered["indicator"],
+        k,
+        correct=gathered["correct"],
+        vulnerability=_VULNERABILITY[indicator],
+        tie_break=gathered["keys"],
+    )
+    selected = gathered["keys"][chosen].sort().values
+    local = torch.isin(keys.to(adapter.device), selected).nonzero().squeeze(1)
+    local = local[keys.to(adapter.device)[local].argsort()]
+    return local, {"keys": gathered["keys"], "log_density": gathered["log_density"], "selected": selected}
+
+
+def hda_test(
+    model: nn.Module | ModelAdapter,
+    candidates: Tensor,
+    target: Tensor,
+    distribution: GlobalDistribution,
+    k: int = 20,
+    radius: float = 0.1,
+    indicator: Indicator = "grad",
+    keys: Tensor | None = None,
+    seed: int = 0,
+    max_batch: int = 1024,
+    **ga: Any,
+) -> HDARun:
+    """Select ``k`` seeds among ``candidates`` and search each one's ``radius``-ball with the two-step GA.
+
+    Args:
+        model: the classifier (or a :class:`~dlguard.probes.ModelAdapter` with ``preprocess`` and
+            ``output_transform``); left exactly as found.
+        candidates: ``(n, ...)`` candidate seeds in ``[0, 1]`` (this process's shard under DDP).
+        target: ``(n,)`` their labels.
+        distribution: a fitted :class:`~dlguard.generate.GlobalDistribution` (VAE + KDE, or PCA).
+        k: seeds to select over all processes (fewer candidates: a warning and all correct ones).
+        radius: the ``L∞`` radius ``r`` of each seed's norm ball, in ``(0, 1]``.
+        indicator: ``"grad"`` (``S_grad``, white-box) or ``"sep"`` (``S_sep``, black-box).
+        keys: content keys of the candidates (default :func:`~dlguard._random.content_keys`).
+        seed: seed of the GA (each seed's run is keyed by its content, not by its position).
+        max_batch: rows per forward pass.
+        **ga: further arguments of :func:`~dlguard.generate.two_step_ga` (``population``,
+            ``iterations``, ``num_best``, ``perceptual``, ``alpha``...).
+
+    Example:
+        >>> import torch
+        >>> from dlguard.data import MNISTDataModule
+        >>> from dlguard.generate.distribution import VAEDistribution
+        >>> from dlguard.zoo import pretrained
+        >>> data = MNISTDataModule()
+        >>> data.setup()
+        >>> images = torch.stack([data.val_set[i][0] for i in range(100)])
+        >>> labels = torch.tensor([data.val_set[i][1] for i in range(100)])
+        >>> distribution = VAEDistribution(pretrained("vae_mnist")).fit(images)
+        >>> run = hda_test(pretrained("mnist_a"), images, labels, distribution, k=4, population=100, iterations=10)
+        >>> run.seeds.shape, run.ga.examples.shape, bool((run.ga.examples - run.seeds[:, None]).abs().max() <= 0.1)
+        (torch.Size([4, 1, 28, 28]), torch.Size([4, 1, 1, 28, 28]), True)
+    """
+    adapter = _adapter(model)
+    check_tensor("candidates", candidates, floating=True)
+    check_values("candidates", candidates, (0.0, 1.0))
+    check_labels("target", target, batch=len(candidates))
+    positive_int("k", k)
+    positive_int("max_batch", max_batch)
+    if indicator not in _VULNERABILITY:
+        raise ValueError(f"indicator: expected 'grad' (S_grad) or 'sep' (S_sep), got {indicator!r}")
+    if not isinstance(distribution, GlobalDistribution):
+        raise ValueError(f"distribution: expected a GlobalDistribution, got {type(distribution).__name__}")
+    if not distribution.is_fitted:
+        raise ValueError("distribution: is not fitted; call distribution.fit(training inputs) first")
+    if not 0 < radius <= 1:
+        raise ValueError(f"radius: expected a value in (0, 1], got {radius}")
+    keys = content_keys(candidates, seed) if keys is None else keys.to(candidates.device)
+    local, gathered = select_hda_seeds(adapter, candidates, target, distribution, k, indicator, keys, max_batch)
+    local_cpu = local.to(candidates.device)
+    seeds, labels, seed_keys = candidates[local_cpu], target[local_cpu], keys[local_cpu]
+    result = two_step_ga(adapter, seeds, labels, radius, seed=seed, keys=seed_keys, max_batch=max_batch, **ga)
+    log_density = gathered["log_density"]
+    selected = torch.isin(gathered["keys"], gathered["selected"])
+    share = (log_density[selected] - log_density.logsumexp(0)).exp()
+    position = torch.searchsorted(gathered["keys"], seed_keys.to(gathered["keys"].device))
+    return HDARun(
+        seeds=seeds,
+        labels=labels,
+        keys=seed_keys,
+        log_density=log_density[position],
+        ga=result,
+        selected_keys=gathered["selected"],
+        candidate_log_density=log_density,
+        selected_density_share=share,
+    )
