@@ -3,7 +3,15 @@
 from dlguard.callbacks.base import ProbeCallback
 from dlguard.callbacks.coverage import NeuronCoverageCallback
 from dlguard.callbacks.dscore import DScoreCallback
+from dlguard.callbacks.hda import HDACallback
 from dlguard.callbacks.replay import FailureReplay
 from dlguard.callbacks.robustness import RobustnessCallback
 
-__all__ = ["DScoreCallback", "FailureReplay", "NeuronCoverageCallback", "ProbeCallback", "RobustnessCallback"]
+__all__ = [
+    "DScoreCallback",
+    "FailureReplay",
+    "HDACallback",
+    "NeuronCoverageCallback",
+    "ProbeCallback",
+    "RobustnessCallback",
+]

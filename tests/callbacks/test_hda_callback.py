@@ -1,0 +1,250 @@
+"""HDACallback in a fit and in users' projects: numbers against an independent run of the generator, feedback,
+normalised input, dict batches and outputs, several loaders, precisions, validate/test, resume, 1-D signals."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from dlguard._random import keyed_uniform
+from dlguard.callbacks import FailureReplay, HDACallback
+from dlguard.callbacks.hda import _HOLDOUT_SALT
+from dlguard.data import MNISTDataModule
+from dlguard.generate import PCADistribution, VAEDistribution, hda_test
+from dlguard.metrics.functional import empirical_global_robustness, prediction_loss
+from dlguard.zoo import ClassifierModule, pretrained
+from tests.callbacks.projects import DigitDicts, NormalizedDigits, normalize
+from tests.callbacks.test_projects import SignalClassifier, Signals
+from tests.probes.fingerprint import assert_unchanged, fingerprint
+from tests.quick import quick_trainer
+
+KEYS = ("image", "label")
+SMALL = {"k": 6, "candidates": 40, "population": 60, "iterations": 12, "holdout": 0.5}
+
+
+@pytest.fixture(scope="module")
+def distribution() -> VAEDistribution:
+    data = MNISTDataModule()
+    data.setup()
+    train = torch.stack([data.train_set[i][0] for i in range(400)])
+    return VAEDistribution(pretrained("vae_mnist")).fit(train)
+
+
+def logits_of(out: dict[str, torch.Tensor]) -> torch.Tensor:
+    return out["logits"]
+
+
+def test_a_measurement_equals_an_independent_run_and_feeds_the_bank(tmp_path: Path, distribution) -> None:
+    replay = FailureReplay(fraction=0.25)
+    callback = HDACallback(distribution, bank=replay.bank, radius=0.15, **SMALL)
+    trainer = quick_trainer(tmp_path, [callback, replay], train_batches=2, val_batches=2)
+    module = ClassifierModule(pretrained("mnist_a"), lr=1e-12)
+    trainer.fit(module, datamodule=MNISTDataModule(batch_size=50))
+    logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("hda/")}
+    assert set(logged) == {
+        "hda/ae_proportion",
+        "hda/prediction_loss",
+        "hda/epsilon",
+        "hda/seed_density",
+        "hda/ssim",
+        "hda/global_robustness",
+    }
+
+    # the same generator, called directly on the callback's probe set (lr 0: the model did not move)
+    probe = callback.probe_set()
+    assert probe.size == 40
+    net = module.net
+    run = hda_test(net, probe.inputs, probe.target, distribution, k=6, radius=0.15, keys=probe.keys,
+                   population=60, iterations=12)  # fmt: skip
+    assert len(run.seeds) == 6
+    found = run.ga.found[:, 0]
+    assert logged["hda/ae_proportion"] == pytest.approx(float(found.float().mean()), abs=1e-9)
+    assert logged["hda/ae_proportion"] > 0
+    with torch.no_grad():
+        j = prediction_loss(net(run.ga.best), run.labels)
+    assert logged["hda/prediction_loss"] == pytest.approx(float(j[found].mean()), abs=1e-5)
+    eps = (run.ga.best - run.seeds).flatten(1).abs().amax(1)
+    assert logged["hda/epsilon"] == pytest.approx(float(eps[found].mean()), abs=1e-6) and logged["hda/epsilon"] <= 0.15
+    # seed density: p_g of the selected seeds as a share of the candidates' total, written with plain exp in float64
+    log_p = distribution.log_density(probe.inputs).double()
+    share = (log_p[torch.isin(probe.keys, run.keys)] - log_p.logsumexp(0)).exp()
+    assert logged["hda/seed_density"] == pytest.approx(float(share.mean()), rel=1e-5)
+    assert logged["hda/seed_density"] > 1 / 40  # selected seeds are denser than a random draw's expectation
+
+    # held out by content: their test cases are fixed; R̂_g at the first measurement weighs the seeds without an AE
+    held = keyed_uniform(run.keys, (1,), salt=_HOLDOUT_SALT).squeeze(1) <= 0.5
+    assert torch.equal(callback.heldout["keys"], run.keys[held].sort().values)
+    weights = run.log_density[held].exp()
+    expected = float((weights * ~found[held]).sum() / weights.sum())
+    assert logged["hda/global_robustness"] == pytest.approx(expected, abs=1e-6)
+    tests = callback.heldout["inputs"]
+    with torch.no_grad():
+        predicted = net(tests).argmax(1)
+    rg = empirical_global_robustness(predicted, callback.heldout["labels"], callback.heldout["log_density"])
+    assert logged["hda/global_robustness"] == pytest.approx(float(rg), abs=1e-6)
+
+    # the other seeds' AEs went to the bank with their seeds' labels; none of the held-out ones
+    banked = (found & ~held).sum()
+    assert replay.bank.origins() == ({"hda": int(banked)} if banked else {})
+    if banked:
+        stored, labels = replay.bank.inputs("hda"), replay.bank.labels("hda")
+        assert torch.equal(labels, run.labels[found & ~held])
+        with torch.no_grad():
+            assert bool((prediction_loss(net(stored), labels) >= 0).all())
+    assert (tmp_path / "hda" / "hda_gallery.png").is_file() or (tmp_path / "hda" / "gallery.png").is_file()
+
+
+def test_replay_of_hda_aes_raises_global_robustness(tmp_path: Path, distribution) -> None:
+    """HDA adversarial fine-tuning inside an ordinary fit: R̂_g on the held-out AEs rises."""
+    replay = FailureReplay(fraction=0.5)
+    callback = HDACallback(distribution, k=20, candidates=100, population=100, iterations=20, radius=0.2,
+                           holdout=0.3, bank=replay.bank)  # fmt: skip
+    trainer = quick_trainer(tmp_path, [callback, replay], epochs=4, train_batches=20, val_batches=2)
+    trainer.fit(ClassifierModule(pretrained("mnist_a"), lr=1e-3), datamodule=MNISTDataModule(batch_size=50))
+    curve = [record["logged"]["hda/global_robustness"] for record in callback.history]
+    assert replay.replayed > 0 and len(curve) == 4
+    assert curve[-1] > curve[0], curve
+
+
+def test_the_model_is_left_as_found_and_bad_input_fails_before_any_work(tmp_path: Path, distribution) -> None:
+    module = ClassifierModule(pretrained("mnist_a")).train()
+    module.net.fc3.weight.requires_grad_(False)
+    before = fingerprint(module)
+    trainer = quick_trainer(tmp_path, [HDACallback(distribution, **SMALL)], val_batches=2)
+    trainer.validate(module, datamodule=MNISTDataModule(batch_size=50), verbose=False)
+    module.train()  # validate()'s own eval() is Lightning's
+    assert_unchanged(module, before)
+
+    with pytest.raises(ValueError, match="distribution: is not fitted"):
+        quick_trainer(tmp_path, [HDACallback(PCADistribution(8), **SMALL)]).fit(
+            module, datamodule=MNISTDataModule(batch_size=50)
+        )
+    module.train()
+    assert_unchanged(module, before)
+    for kwargs, message in (
+        ({"radius": 0.0}, r"radius: expected a value in \(0, 1\]"),
+        ({"radius": 1.5}, r"radius: expected a value in \(0, 1\]"),
+        ({"population": 20}, "population: expected more individuals than the elite"),
+        ({"indicator": "fgsm"}, "indicator: expected 'grad'"),
+        ({"perceptual": "lpips"}, "perceptual: expected one of"),
+        ({"holdout": 1.5}, "holdout"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            HDACallback(distribution, **{**SMALL, **kwargs})
+    with pytest.raises(ValueError, match="distribution: expected a GlobalDistribution"):
+        HDACallback(pretrained("vae_mnist"))
+
+
+def test_outputs_that_are_not_logits_are_refused_naming_output_transform(tmp_path: Path, distribution) -> None:
+    trainer = quick_trainer(tmp_path, [HDACallback(distribution, preprocess=normalize, batch_keys=KEYS, **SMALL)])
+    with pytest.raises(ValueError, match="output_transform"):
+        trainer.fit(NormalizedDigits(output_dict=True), datamodule=DigitDicts())
+
+
+def test_k_larger_than_the_candidates_warns_and_uses_all(tmp_path: Path, distribution) -> None:
+    callback = HDACallback(distribution, **{**SMALL, "k": 60})
+    trainer = quick_trainer(tmp_path, [callback], val_batches=1)
+    with pytest.warns(UserWarning, match="k"):
+        trainer.validate(ClassifierModule(pretrained("mnist_a")), datamodule=MNISTDataModule(batch_size=50),
+                         verbose=False)  # fmt: skip
+    assert callback.latest["seeds"] == callback.probe_set("validation").size
+
+
+def test_normalised_model_dict_batches_dict_outputs_equal_the_pixel_model(tmp_path: Path, distribution) -> None:
+    callback = HDACallback(distribution, preprocess=normalize, output_transform=logits_of, batch_keys=KEYS, **SMALL)
+    trainer = quick_trainer(tmp_path, [callback], train_batches=1, val_batches=2)
+    module = NormalizedDigits(output_dict=True, lr=0.0)
+    trainer.fit(module, datamodule=DigitDicts())
+    probe = callback.probe_set()
+    run = hda_test(module.backbone[1], probe.inputs, probe.target, distribution, k=6, keys=probe.keys,
+                   population=60, iterations=12)  # fmt: skip
+    logged = float(trainer.callback_metrics["hda/ae_proportion"])
+    assert logged == pytest.approx(float(run.ga.found.float().mean()), abs=1e-9)
+
+
+def test_several_loaders_limit_val_batches_validate_and_test(tmp_path: Path, distribution) -> None:
+    callback = HDACallback(distribution, dataloader_idx=1, preprocess=normalize, batch_keys=KEYS, **SMALL)
+    trainer = quick_trainer(tmp_path, [callback], val_batches=1, limit_test_batches=1)
+    module, datamodule = NormalizedDigits(), DigitDicts(val_splits=(200, 300))
+    trainer.validate(module, datamodule=datamodule, verbose=False)
+    tested = trainer.test(module, datamodule=datamodule, verbose=False)[0]
+    assert [record["stage"] for record in callback.history] == ["validation", "test"]
+    assert "hda/ae_proportion" in tested
+    datamodule.setup()
+    loader_one = torch.stack([datamodule._mnist.val_set[i][0] for i in range(200, 250)])
+    from dlguard._random import content_keys
+
+    assert torch.isin(callback.probe_set("validation").all_keys, content_keys(loader_one, 0)).all()
+
+
+@pytest.mark.parametrize("precision", ["64-true", "bf16-mixed"])
+def test_precisions_give_the_float32_numbers(tmp_path: Path, precision: str, distribution) -> None:
+    runs = {}
+    for name in ("32-true", precision):
+        callback = HDACallback(distribution, preprocess=normalize, batch_keys=KEYS, **SMALL)
+        trainer = quick_trainer(tmp_path / name, [callback], train_batches=1, val_batches=2, precision=name)
+        trainer.fit(NormalizedDigits(lr=0.0), datamodule=DigitDicts())
+        runs[name] = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("hda/")}
+    assert runs[precision].keys() == runs["32-true"].keys()
+    # 64-true probes in float64 and bf16-mixed in float32 outside autocast: the GA may take other paths
+    for key in ("hda/ae_proportion", "hda/global_robustness"):
+        assert runs[precision][key] == pytest.approx(runs["32-true"][key], abs=0.34), key
+    assert runs[precision]["hda/seed_density"] == pytest.approx(runs["32-true"]["hda/seed_density"], rel=0.05)
+
+
+def _hda_rows(path: Path) -> dict[int, dict[str, float]]:
+    rows: dict[int, dict[str, float]] = {}
+    with path.open() as handle:
+        for row in csv.DictReader(handle):
+            for key, value in row.items():
+                if value and key.startswith("hda/"):
+                    rows.setdefault(int(row["epoch"]), {})[key] = float(value)
+    return rows
+
+
+def _resumable(tmp_path: Path, distribution) -> list[L.Callback]:
+    replay = FailureReplay(fraction=0.25, batch_keys=KEYS)
+    return [
+        HDACallback(distribution, bank=replay.bank, preprocess=normalize, batch_keys=KEYS, **SMALL),
+        replay,
+        ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_top_k=-1, every_n_epochs=1),
+    ]
+
+
+def test_a_resumed_run_measures_what_an_uninterrupted_run_measures(tmp_path: Path, distribution) -> None:
+    whole = quick_trainer(tmp_path / "whole", _resumable(tmp_path / "whole", distribution), epochs=3, val_batches=2)
+    whole.fit(NormalizedDigits(), datamodule=DigitDicts())
+    first_epoch = next((tmp_path / "whole" / "checkpoints").glob("epoch=0*.ckpt"))
+    callbacks = _resumable(tmp_path / "resumed", distribution)
+    resumed = quick_trainer(tmp_path / "resumed", callbacks, epochs=3, val_batches=2)
+    resumed.fit(NormalizedDigits(), datamodule=DigitDicts(), ckpt_path=first_epoch)
+    expected, got = _hda_rows(tmp_path / "whole" / "metrics.csv"), _hda_rows(tmp_path / "resumed" / "metrics.csv")
+    assert sorted(got) == [1, 2] and callbacks[0].heldout is not None
+    for epoch in (1, 2):
+        assert got[epoch] == expected[epoch], epoch
+
+
+class UnitSignals(Signals):
+    """The project's signals mapped into [0, 1]: the GA projects test cases into the pixel range."""
+
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        signals, labels = self.data.tensors
+        self.data = torch.utils.data.TensorDataset(((signals + 2) / 4).clamp(0, 1), labels)
+
+
+def test_signals_get_hda_with_a_pca_distribution(tmp_path: Path) -> None:
+    data = UnitSignals()
+    data.setup()
+    distribution = PCADistribution(n_components=4).fit(data.data.tensors[0][:480])
+    callback = HDACallback(distribution, k=4, candidates=30, population=40, iterations=5, radius=0.2)
+    trainer = quick_trainer(tmp_path, [callback], epochs=2, train_batches=10, val_batches=3)
+    trainer.fit(SignalClassifier(), datamodule=UnitSignals())
+    logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("hda/")}
+    assert "hda/ssim" not in logged and 0 <= logged["hda/ae_proportion"] <= 1
+    assert callback.probe_set().inputs.shape[1:] == (2, 64)
