@@ -19,8 +19,7 @@ from dlguard.data.failure_bank import FailureBank
 from dlguard.data.probe_set import ProbeSet, ProbeSetPolicy
 from dlguard.generate.distribution import GlobalDistribution
 from dlguard.generate.hda import HDARun, hda_test
-from dlguard.metrics.ae_quality import AEQuality
-from dlguard.metrics.functional.perceptual import check_measure
+from dlguard.metrics.functional.perceptual import check_measure, perceptual_quality
 from dlguard.metrics.global_robustness import EmpiricalGlobalRobustness
 from dlguard.probes.evaluation import evaluation
 from dlguard.report.figures import plot_image_grid
@@ -71,6 +70,9 @@ class HDACallback(ProbeCallback):
         num_best: test cases kept per seed ``m``.
         perceptual: the GA's perceptual term: ``"mse"``, ``"psnr"`` or ``"ssim"``.
         alpha: weight of the perceptual term.
+        mutation_std: standard deviation of the GA's Gaussian mutation (SPEC: 0.003; larger finds AEs
+            in fewer iterations).
+        init_std: standard deviation of the initial population's noise (SPEC: 0.01).
         holdout: share of the seeds whose test cases are held out for ``R̂_g`` (never replayed).
         bank: a :class:`~dlguard.data.FailureBank` receiving the other seeds' AEs, or ``None``.
         every_n_epochs: measure at the validation run of every this many training epochs.
@@ -106,6 +108,8 @@ class HDACallback(ProbeCallback):
         num_best: int = 1,
         perceptual: str = "mse",
         alpha: float = 1.0,
+        mutation_std: float = 0.003,
+        init_std: float = 0.01,
         holdout: float = 0.25,
         bank: FailureBank | None = None,
         every_n_epochs: int = 1,
@@ -133,6 +137,9 @@ class HDACallback(ProbeCallback):
         check_measure(perceptual)
         if alpha < 0:
             raise ValueError(f"alpha: expected a weight >= 0, got {alpha}")
+        for name, value in (("mutation_std", mutation_std), ("init_std", init_std)):
+            if not value > 0:
+                raise ValueError(f"{name}: expected a standard deviation > 0, got {value}")
         if bank is not None and not isinstance(bank, FailureBank):
             raise ValueError(f"bank: expected a FailureBank or None, got {type(bank).__name__}")
         super().__init__(
@@ -146,10 +153,13 @@ class HDACallback(ProbeCallback):
         self.distribution, self.k, self.candidates, self.radius = distribution, k, candidates, float(radius)
         self.indicator, self.population, self.iterations, self.num_best = indicator, population, iterations, num_best
         self.perceptual, self.alpha = perceptual, float(alpha)
+        self.mutation_std, self.init_std = float(mutation_std), float(init_std)
         self.holdout = probability("holdout", holdout)
         self.bank, self.max_batch = bank, max_batch
         self.heldout: dict[str, Tensor] | None = None
         """The held-out test cases of every process (``inputs``, ``labels``, ``log_density``, ``keys``), by key."""
+        self.last_run: HDARun | None = None
+        """This process's latest :class:`~dlguard.generate.HDARun` (seeds, test cases, densities), or ``None``."""
         self._gallery: tuple[Tensor, Tensor, list[str]] | None = None
 
     @property
@@ -189,7 +199,10 @@ class HDACallback(ProbeCallback):
             num_best=self.num_best,
             perceptual=self.perceptual,
             alpha=self.alpha,
+            mutation_std=self.mutation_std,
+            init_std=self.init_std,
         )
+        self.last_run = run
         held = keyed_uniform(run.keys, (1,), salt=_HOLDOUT_SALT).squeeze(1).to(run.keys.device) <= self.holdout
         if self.heldout is None and stage == "validation":
             self.heldout = self._hold_out(run, held)
@@ -246,17 +259,33 @@ class HDACallback(ProbeCallback):
         return float(metric.compute())
 
     def _quality(self, run: HDARun) -> dict[str, float]:
-        """AE proportion, ``J``, ``ε`` and SSIM of the ``k·m`` test cases, over all processes."""
-        metric = AEQuality().to(self.adapter.device)
-        tests = run.ga.examples.flatten(0, 1)
-        seeds = run.seeds[:, None].expand_as(run.ga.examples).flatten(0, 1)
-        labels = run.labels[:, None].expand(run.ga.found.shape).flatten()
-        if len(tests):
-            with evaluation(self.adapter.model), torch.no_grad():
-                logits = self.adapter.logits(tests, max_batch=self.max_batch)
-            metric.update(logits, labels.to(logits.device), tests.to(logits.device), seeds.to(logits.device))
-        result = metric.compute()
-        return {name: float(getattr(result, name)) for name in ("ae_proportion", "prediction_loss", "epsilon", "ssim")}
+        """AE proportion, ``J``, ``ε`` and SSIM of the ``k·m`` test cases, over all processes.
+
+        The GA's own verdicts (``found``, ``J``) are used, not a second forward pass: an AE with ``J``
+        near 0 may flip in a batch of another size, and the bank must hold what the numbers count.
+        """
+        found = run.ga.found.cpu()
+        tests = run.ga.examples.cpu()[found]
+        seeds = run.seeds.cpu()[:, None].expand_as(run.ga.examples.cpu())[found]
+        images = run.seeds.ndim == 4 and min(run.seeds.shape[-2:]) >= 11
+        ssim = perceptual_quality(tests, seeds, "ssim").sum() if images and len(tests) else torch.tensor(0.0)
+        sums = torch.stack(
+            [
+                torch.tensor(float(found.numel())),
+                found.sum().double(),
+                run.ga.loss.cpu()[found].double().sum(),
+                (tests - seeds).flatten(1).abs().amax(1).double().sum() if len(tests) else torch.tensor(0.0),
+                ssim.double(),
+            ]
+        ).double()
+        total, aes, loss, epsilon, ssim_sum = _distributed.all_sum(sums).tolist()
+        nan = float("nan")
+        return {
+            "ae_proportion": aes / total if total else nan,
+            "prediction_loss": loss / aes if aes else nan,
+            "epsilon": epsilon / aes if aes else nan,
+            "ssim": ssim_sum / aes if aes and images else nan,
+        }
 
     # ---- figures and checkpoint ----------------------------------------------------------------
 

@@ -194,7 +194,7 @@ class _Chunk:
         pairs.clamp_(max=elite - 1)
         offspring = torch.where(mask, parents[rows, pairs[:, :children]], parents[rows, pairs[:, children:]])
         offspring.view(-1)[sites] += noise * mutation_std
-        offspring = torch.maximum(torch.minimum(offspring, self.upper), self.lower)
+        offspring.clamp_(self.lower, self.upper)  # the r-ball within [0, 1], in place
         return torch.cat([parents, offspring], dim=1)
 
     def run(self, generators: list[torch.Generator]) -> dict[str, Tensor]:

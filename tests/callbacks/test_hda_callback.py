@@ -4,6 +4,7 @@ normalised input, dict batches and outputs, several loaders, precisions, validat
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 
 import lightning as L
@@ -11,7 +12,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from dlguard._random import keyed_uniform
+from dlguard._random import content_keys, keyed_uniform
 from dlguard.callbacks import FailureReplay, HDACallback
 from dlguard.callbacks.hda import _HOLDOUT_SALT
 from dlguard.data import MNISTDataModule
@@ -24,7 +25,9 @@ from tests.probes.fingerprint import assert_unchanged, fingerprint
 from tests.quick import quick_trainer
 
 KEYS = ("image", "label")
-SMALL = {"k": 6, "candidates": 40, "population": 60, "iterations": 12, "holdout": 0.5}
+# mutations larger than the SPEC's 0.003 find AEs in a dozen iterations: tests stay fast and meet AEs
+FAST = {"mutation_std": 0.05, "init_std": 0.1}
+SMALL = {"k": 6, "candidates": 40, "population": 60, "iterations": 12, "holdout": 0.5, **FAST}
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +44,10 @@ def logits_of(out: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def test_a_measurement_equals_an_independent_run_and_feeds_the_bank(tmp_path: Path, distribution) -> None:
     replay = FailureReplay(fraction=0.25)
-    callback = HDACallback(distribution, bank=replay.bank, radius=0.15, **SMALL)
-    trainer = quick_trainer(tmp_path, [callback, replay], train_batches=2, val_batches=2)
-    module = ClassifierModule(pretrained("mnist_a"), lr=1e-12)
-    trainer.fit(module, datamodule=MNISTDataModule(batch_size=50))
+    callback = HDACallback(distribution, bank=replay.bank, radius=0.3, **SMALL)
+    trainer = quick_trainer(tmp_path, [callback, replay], val_batches=2)
+    module = ClassifierModule(pretrained("mnist_a"))
+    trainer.validate(module, datamodule=MNISTDataModule(batch_size=50), verbose=False)
     logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("hda/")}
     assert set(logged) == {
         "hda/ae_proportion",
@@ -55,21 +58,24 @@ def test_a_measurement_equals_an_independent_run_and_feeds_the_bank(tmp_path: Pa
         "hda/global_robustness",
     }
 
-    # the same generator, called directly on the callback's probe set (lr 0: the model did not move)
-    probe = callback.probe_set()
-    assert probe.size == 40
+    # the selection equals a direct call's; every logged number is recomputed from the callback's own run
+    probe, run = callback.probe_set(), callback.last_run
+    assert probe.size == 40 and len(run.seeds) == 6
     net = module.net
-    run = hda_test(net, probe.inputs, probe.target, distribution, k=6, radius=0.15, keys=probe.keys,
-                   population=60, iterations=12)  # fmt: skip
-    assert len(run.seeds) == 6
+    direct = hda_test(net, probe.inputs, probe.target, distribution, k=6, radius=0.3, keys=probe.keys,
+                      population=60, iterations=12, **FAST)  # fmt: skip
+    assert torch.equal(direct.keys, run.keys) and torch.equal(direct.selected_keys, run.selected_keys)
+    assert torch.equal(direct.ga.found, run.ga.found)
+    torch.testing.assert_close(direct.ga.examples, run.ga.examples)
     found = run.ga.found[:, 0]
     assert logged["hda/ae_proportion"] == pytest.approx(float(found.float().mean()), abs=1e-9)
     assert logged["hda/ae_proportion"] > 0
     with torch.no_grad():
         j = prediction_loss(net(run.ga.best), run.labels)
-    assert logged["hda/prediction_loss"] == pytest.approx(float(j[found].mean()), abs=1e-5)
+    assert bool((j[found] >= -1e-4).all())  # AEs, up to the last bits of another batch size
+    assert logged["hda/prediction_loss"] == pytest.approx(float(j[found].mean()), abs=1e-4)
     eps = (run.ga.best - run.seeds).flatten(1).abs().amax(1)
-    assert logged["hda/epsilon"] == pytest.approx(float(eps[found].mean()), abs=1e-6) and logged["hda/epsilon"] <= 0.15
+    assert logged["hda/epsilon"] == pytest.approx(float(eps[found].mean()), abs=1e-6) and logged["hda/epsilon"] <= 0.3 + 1e-6
     # seed density: p_g of the selected seeds as a share of the candidates' total, written with plain exp in float64
     log_p = distribution.log_density(probe.inputs).double()
     share = (log_p[torch.isin(probe.keys, run.keys)] - log_p.logsumexp(0)).exp()
@@ -95,14 +101,14 @@ def test_a_measurement_equals_an_independent_run_and_feeds_the_bank(tmp_path: Pa
         stored, labels = replay.bank.inputs("hda"), replay.bank.labels("hda")
         assert torch.equal(labels, run.labels[found & ~held])
         with torch.no_grad():
-            assert bool((prediction_loss(net(stored), labels) >= 0).all())
-    assert (tmp_path / "hda" / "hda_gallery.png").is_file() or (tmp_path / "hda" / "gallery.png").is_file()
+            assert bool((prediction_loss(net(stored), labels) >= -1e-4).all())
+    assert (tmp_path / "hda" / "hda_gallery.png").is_file()
 
 
 def test_replay_of_hda_aes_raises_global_robustness(tmp_path: Path, distribution) -> None:
     """HDA adversarial fine-tuning inside an ordinary fit: R̂_g on the held-out AEs rises."""
     replay = FailureReplay(fraction=0.5)
-    callback = HDACallback(distribution, k=20, candidates=100, population=100, iterations=20, radius=0.2,
+    callback = HDACallback(distribution, k=20, candidates=100, population=100, iterations=20, radius=0.2, **FAST,
                            holdout=0.3, bank=replay.bank)  # fmt: skip
     trainer = quick_trainer(tmp_path, [callback, replay], epochs=4, train_batches=20, val_batches=2)
     trainer.fit(ClassifierModule(pretrained("mnist_a"), lr=1e-3), datamodule=MNISTDataModule(batch_size=50))
@@ -162,24 +168,31 @@ def test_normalised_model_dict_batches_dict_outputs_equal_the_pixel_model(tmp_pa
     trainer.fit(module, datamodule=DigitDicts())
     probe = callback.probe_set()
     run = hda_test(module.backbone[1], probe.inputs, probe.target, distribution, k=6, keys=probe.keys,
-                   population=60, iterations=12)  # fmt: skip
+                   population=60, iterations=12, **FAST)  # fmt: skip
     logged = float(trainer.callback_metrics["hda/ae_proportion"])
     assert logged == pytest.approx(float(run.ga.found.float().mean()), abs=1e-9)
 
 
-def test_several_loaders_limit_val_batches_validate_and_test(tmp_path: Path, distribution) -> None:
+def test_several_loaders_and_limit_val_batches(tmp_path: Path, distribution) -> None:
     callback = HDACallback(distribution, dataloader_idx=1, preprocess=normalize, batch_keys=KEYS, **SMALL)
+    trainer = quick_trainer(tmp_path, [callback], train_batches=1, val_batches=1)
+    datamodule = DigitDicts(val_splits=(200, 300))
+    trainer.fit(NormalizedDigits(), datamodule=datamodule)
+    loader_one = torch.stack([datamodule._mnist.val_set[i][0] for i in range(200, 250)])  # its one batch of 50
+    assert callback.probe_set().size == 40
+    assert torch.isin(callback.probe_set().all_keys, content_keys(loader_one, 0)).all()
+
+
+def test_validate_and_test_measure_on_their_own_loaders(tmp_path: Path, distribution) -> None:
+    callback = HDACallback(distribution, preprocess=normalize, batch_keys=KEYS, **SMALL)
     trainer = quick_trainer(tmp_path, [callback], val_batches=1, limit_test_batches=1)
-    module, datamodule = NormalizedDigits(), DigitDicts(val_splits=(200, 300))
-    trainer.validate(module, datamodule=datamodule, verbose=False)
+    module, datamodule = NormalizedDigits(), DigitDicts()
+    validated = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
     tested = trainer.test(module, datamodule=datamodule, verbose=False)[0]
     assert [record["stage"] for record in callback.history] == ["validation", "test"]
-    assert "hda/ae_proportion" in tested
-    datamodule.setup()
-    loader_one = torch.stack([datamodule._mnist.val_set[i][0] for i in range(200, 250)])
-    from dlguard._random import content_keys
-
-    assert torch.isin(callback.probe_set("validation").all_keys, content_keys(loader_one, 0)).all()
+    assert "hda/ae_proportion" in validated and "hda/ae_proportion" in tested
+    test_images = torch.stack([datamodule._mnist.val_set[i][0] for i in range(500, 550)])
+    assert torch.isin(callback.probe_set("test").all_keys, content_keys(test_images, 0)).all()
 
 
 @pytest.mark.parametrize("precision", ["64-true", "bf16-mixed"])
@@ -225,8 +238,10 @@ def test_a_resumed_run_measures_what_an_uninterrupted_run_measures(tmp_path: Pat
     resumed.fit(NormalizedDigits(), datamodule=DigitDicts(), ckpt_path=first_epoch)
     expected, got = _hda_rows(tmp_path / "whole" / "metrics.csv"), _hda_rows(tmp_path / "resumed" / "metrics.csv")
     assert sorted(got) == [1, 2] and callbacks[0].heldout is not None
-    for epoch in (1, 2):
-        assert got[epoch] == expected[epoch], epoch
+    for epoch in (1, 2):  # NaN (no AE found) equals NaN here
+        assert got[epoch].keys() == expected[epoch].keys()
+        for key, value in expected[epoch].items():
+            assert got[epoch][key] == value or (math.isnan(value) and math.isnan(got[epoch][key])), (epoch, key)
 
 
 class UnitSignals(Signals):
@@ -242,7 +257,7 @@ def test_signals_get_hda_with_a_pca_distribution(tmp_path: Path) -> None:
     data = UnitSignals()
     data.setup()
     distribution = PCADistribution(n_components=4).fit(data.data.tensors[0][:480])
-    callback = HDACallback(distribution, k=4, candidates=30, population=40, iterations=5, radius=0.2)
+    callback = HDACallback(distribution, k=4, candidates=30, population=40, iterations=5, radius=0.2, **FAST)
     trainer = quick_trainer(tmp_path, [callback], epochs=2, train_batches=10, val_batches=3)
     trainer.fit(SignalClassifier(), datamodule=UnitSignals())
     logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("hda/")}
