@@ -1,6 +1,6 @@
 """HDA's questions on the embedded MNIST with mnist_a, the paper's MNIST figures printed beside ours.
 
-    python recipes/hda_mnist.py [--seeds 50] [--population 500] [--iterations 50] [--budgets 100 1000]
+    python recipes/hda_mnist.py [--seeds 30] [--population 1000] [--iterations 100] [--budgets 100 500]
 
 The global distribution is the shipped VAE (``pretrained("vae_mnist")``) + KDE fitted on the
 4,000 training digits; candidates are the 1,000 validation digits; ``r = 0.1``.
@@ -10,7 +10,7 @@ The global distribution is the shipped VAE (``pretrained("vae_mnist")``) + KDE f
   candidates' total (the paper normalises its densities "for a better presentation" without saying
   how, so its ratio selected/random is the comparable figure: 0.0835 / 0.0049 = 17x).
 - Table 7: PGD (ε = r, step 2/255, 20 steps) and HDA's two-step GA (``--population``,
-  ``--iterations``; the paper's 1000 / 100 are the library defaults) on random and on selected seeds:
+  ``--iterations``; the paper's 1000 / 100 by default) on random and on selected seeds:
   AE proportion, mean prediction loss J of the AEs, a Fréchet distance in the VAE's latent space
   between seeds and test cases, and time.
 - Table 10: R̂_g after fine-tuning on ``--budgets`` test cases from HDA, PGD and random noise in the
@@ -167,10 +167,10 @@ def inside_fit(distribution: GlobalDistribution, epochs: int, seeds: int, popula
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, default=50)
-    parser.add_argument("--population", type=int, default=500)
-    parser.add_argument("--iterations", type=int, default=50)
-    parser.add_argument("--budgets", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--seeds", type=int, default=30)
+    parser.add_argument("--population", type=int, default=1000)
+    parser.add_argument("--iterations", type=int, default=100)
+    parser.add_argument("--budgets", type=int, nargs="+", default=[100, 500])
     parser.add_argument("--per-seed", type=int, default=10)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("dlguard-runs/hda"))

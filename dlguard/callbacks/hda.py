@@ -56,7 +56,8 @@ class HDACallback(ProbeCallback):
         ``hda/prediction_loss`` (mean ``J`` of the AEs), ``hda/epsilon`` (mean ``L∞`` distance of the
         AEs to their seeds), ``hda/seed_density`` (mean ``p_g`` of the selected seeds as a share of
         the candidates' total: ``1 / candidates`` for seeds drawn at random), ``hda/ssim`` (mean SSIM
-        of the AEs; images only), ``hda/global_robustness`` (``R̂_g`` on the held-out test cases).
+        of the AEs; images only), ``hda/global_robustness`` (``R̂_g`` on the held-out test cases;
+        absent while none is held out, e.g. ``holdout=0``).
         Figure ``hda/gallery``: seeds and their best AEs with labels, predictions and ``J``.
 
     Args:
@@ -215,7 +216,7 @@ class HDACallback(ProbeCallback):
         }
         if run.seeds.ndim == 4:
             logged["hda/ssim"] = quality["ssim"]
-        if self.heldout is not None:
+        if self.heldout is not None and len(self.heldout["labels"]):  # every process holds the whole held-out set
             logged["hda/global_robustness"] = self._global_robustness()
         if self.bank is not None and stage == "validation":
             found = run.ga.found & ~held.to(run.ga.found.device)[:, None]

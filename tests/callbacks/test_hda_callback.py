@@ -265,3 +265,12 @@ def test_signals_get_hda_with_a_pca_distribution(tmp_path: Path) -> None:
     logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("hda/")}
     assert "hda/ssim" not in logged and 0 <= logged["hda/ae_proportion"] <= 1
     assert callback.probe_set().inputs.shape[1:] == (2, 64)
+
+
+def test_no_held_out_seeds_logs_no_global_robustness(tmp_path: Path, distribution) -> None:
+    callback = HDACallback(distribution, **{**SMALL, "holdout": 0.0})
+    trainer = quick_trainer(tmp_path, [callback], val_batches=1)
+    logged = trainer.validate(ClassifierModule(pretrained("mnist_a")), datamodule=MNISTDataModule(batch_size=50),
+                              verbose=False)[0]  # fmt: skip
+    assert "hda/ae_proportion" in logged and "hda/global_robustness" not in logged
+    assert len(callback.heldout["labels"]) == 0
