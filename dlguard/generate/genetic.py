@@ -9,8 +9,10 @@ other seeds, on chunking, on pass sizes, or on how many processes share the seed
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -234,6 +236,22 @@ class _Chunk:
         }
 
 
+def check_ga_options(seeds: Tensor, radius: float, **ga: Any) -> None:
+    """Refuse bad :func:`two_step_ga` arguments before any work, as the GA itself would.
+
+    For callers that do work before the GA, such as seed selection.
+    """
+    defaults = {
+        name: parameter.default
+        for name, parameter in inspect.signature(two_step_ga).parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+    unknown = sorted(set(ga) - set(defaults))
+    if unknown:
+        raise ValueError(f"ga: unknown two_step_ga arguments {unknown}; expected some of {sorted(defaults)}")
+    _check_options(seeds, {**defaults, **ga, "radius": radius})
+
+
 def _check_options(seeds: object, options: dict) -> Tensor:
     """Every argument checked before any work (ValueError naming it)."""
     radius = finite_float("radius", options["radius"])
@@ -349,7 +367,7 @@ def two_step_ga(
         >>> result = two_step_ga(net, seeds, labels, 0.1, population=50, iterations=20, num_best=2)
         >>> result.examples.shape, result.found.tolist()  # the last seed is 0.31 from the boundary: farther than r
         (torch.Size([3, 2, 1, 2, 2]), [[True, True], [True, True], [False, False]])
-        >>> result.first_success.tolist(), bool((result.best[:2] - seeds[:2]).abs().max() <= 0.1)
+        >>> result.first_success.tolist(), bool((result.best[:2] - seeds[:2]).abs().max() <= 0.1 + 1e-6)
         ([0, 5, -1], True)
     """
     options = dict(

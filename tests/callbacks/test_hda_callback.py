@@ -157,7 +157,7 @@ def test_outputs_that_are_not_logits_are_refused_naming_output_transform(tmp_pat
 def test_k_larger_than_the_candidates_warns_and_uses_all(tmp_path: Path, distribution) -> None:
     callback = HDACallback(distribution, **{**SMALL, "k": 60})
     trainer = quick_trainer(tmp_path, [callback], val_batches=1)
-    with pytest.warns(UserWarning, match="k"):
+    with pytest.warns(UserWarning, match=r"k = 60 seeds asked for but there are only 40 candidates"):
         trainer.validate(ClassifierModule(pretrained("mnist_a")), datamodule=MNISTDataModule(batch_size=50),
                          verbose=False)  # fmt: skip
     assert callback.latest["seeds"] == callback.probe_set("validation").size
