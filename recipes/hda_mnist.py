@@ -186,7 +186,9 @@ def main() -> None:
     model, vae = pretrained("mnist_a"), pretrained("vae_mnist")
     distribution = VAEDistribution(vae).fit(train_x)
     samples = distribution.sample_images(32, torch.Generator().manual_seed(0))
-    plot_image_grid(samples, [""] * 32, columns=8).savefig(args.out / "kde_samples.png", dpi=110, bbox_inches="tight")
+    plot_image_grid(samples, [""] * 32, columns=8).savefig(
+        args.out / "hda_kde_samples.png", dpi=110, bbox_inches="tight"
+    )
 
     # Table 6: seed selection
     log_p = distribution.log_density(val_x).double()
@@ -206,7 +208,7 @@ def main() -> None:
     gallery = torch.stack([seeds[rows], result.best[rows]], dim=1).flatten(0, 1)
     predicted = predict(model, result.best[rows]).argmax(1)
     captions = [c for r, p in zip(rows, predicted, strict=True) for c in (f"seed {int(y[r])}", f"AE → {int(p)}")]
-    plot_image_grid(gallery, captions, columns=8).savefig(args.out / "ae_gallery.png", dpi=110, bbox_inches="tight")
+    plot_image_grid(gallery, captions, columns=8).savefig(args.out / "hda_ae_gallery.png", dpi=110, bbox_inches="tight")
 
     # Table 10: fine-tuning with the test cases of each method, R̂_g on the held-out selected validation seeds' AEs
     held_out = torch.where(result.found[:, 0, None, None, None], result.best, seeds)
