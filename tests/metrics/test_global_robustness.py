@@ -104,9 +104,13 @@ def test_forward_merge_state_and_pickle_use_log_sum_exp() -> None:
     metric(logits[10:25], target[10:25], log_density[10:25])  # ... and accumulates
     other = pickle.loads(pickle.dumps(EmpiricalGlobalRobustness()))  # the reduction is picklable
     other.update(logits[25:], target[25:], log_density[25:])
-    metric.merge_state(copy.deepcopy(other))
-    assert float(metric.compute()) == pytest.approx(expected, rel=1e-12)
-    assert int(metric.count) == 40
+    if hasattr(metric, "merge_state"):  # torchmetrics >= 1.4 (the floor, 1.3, merges only across processes)
+        metric.merge_state(copy.deepcopy(other))
+        assert float(metric.compute()) == pytest.approx(expected, rel=1e-12)
+        assert int(metric.count) == 40
+    else:
+        metric.update(logits[25:], target[25:], log_density[25:])
+        assert float(metric.compute()) == pytest.approx(expected, rel=1e-12)
     stacked = torch.tensor([-1000.0, -1000.0 + math.log(3.0), float("-inf")], dtype=torch.float64)
     assert float(_log_sum_exp(stacked)) == pytest.approx(-1000.0 + math.log(4.0), rel=1e-15)
     metric.reset()
