@@ -34,6 +34,8 @@ from typing import Any
 
 import lightning as L
 import torch
+from torch import Tensor
+from torch.nn import Module
 from torch.utils.data import ConcatDataset, DataLoader, TensorDataset
 
 from dlguard.callbacks import FailureReplay, HDACallback
@@ -45,6 +47,7 @@ from dlguard.report import plot_image_grid
 from dlguard.zoo import ClassifierModule, pretrained
 
 RADIUS = 0.1
+Pair = tuple[Tensor, Tensor]  # (inputs, labels)
 PAPER_T6 = {"random": 0.0049, "selected": 0.0835}
 PAPER_T7 = {  # MNIST, LeNet5: AE proportion (and the paper's time per seed where given)
     ("PGD", "random"): 0.205,
@@ -75,7 +78,7 @@ def table6(log_p: torch.Tensor, correct: torch.Tensor, selected: torch.Tensor, d
     return {"selected": float(share[selected].mean()), "random": sum(random) / len(random)}
 
 
-def quality_row(model, vae, seeds, labels, tests, seconds) -> dict[str, float]:
+def quality_row(model: Module, vae: Module, seeds: Tensor, labels: Tensor, tests: Tensor, seconds: float) -> dict:
     q = ae_quality(predict(model, tests), labels, tests, seeds)
     fid = float(latent_frechet_distance(seeds, tests, vae))
     return {
@@ -88,7 +91,15 @@ def quality_row(model, vae, seeds, labels, tests, seconds) -> dict[str, float]:
     }
 
 
-def table7(model, vae, images, labels, picks, population, iterations) -> tuple[dict, dict]:
+def table7(
+    model: Module,
+    vae: Module,
+    images: Tensor,
+    labels: Tensor,
+    picks: dict[str, Tensor],
+    population: int,
+    iterations: int,
+) -> tuple[dict, dict]:
     rows, found = {}, {}
     for seeds_name, index in picks.items():
         seeds, y = images[index], labels[index]
@@ -104,7 +115,17 @@ def table7(model, vae, images, labels, picks, population, iterations) -> tuple[d
     return rows, found
 
 
-def test_cases(method: str, model, images, labels, budget, per_seed, population, iterations, seed):
+def test_cases(
+    method: str,
+    model: Module,
+    images: Tensor,
+    labels: Tensor,
+    budget: int,
+    per_seed: int,
+    population: int,
+    iterations: int,
+    seed: int,
+) -> Pair:
     """``budget`` test cases around ``budget // per_seed`` seeds, with the seeds' labels."""
     count = budget // per_seed
     seeds, y = images[:count], labels[:count]
@@ -122,35 +143,12 @@ def test_cases(method: str, model, images, labels, budget, per_seed, population,
     return cases.flatten(0, 1), y.repeat_interleave(per_seed)
 
 
-def fine_tune(model, train, cases, epochs, seed=0) -> torch.nn.Module:
+def quiet_trainer(epochs: int, callbacks: list[L.Callback] | None = None, seed: int = 0) -> L.Trainer:
+    """A seeded, deterministic CPU Trainer without logger, checkpoints or progress bar."""
     L.seed_everything(seed, workers=True, verbose=False)
-    data = ConcatDataset([TensorDataset(*train), TensorDataset(*cases)])
-    module = ClassifierModule(copy.deepcopy(model).train(), lr=5e-4)
-    trainer = L.Trainer(
+    return L.Trainer(
         max_epochs=epochs,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        deterministic=True,
-        devices=1,
-        accelerator="cpu",
-    )
-    trainer.fit(module, DataLoader(data, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(seed)))
-    return module.net.eval()
-
-
-def accuracy(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor) -> float:
-    return float((predict(model, images).argmax(1) == labels).float().mean())
-
-
-def inside_fit(distribution: GlobalDistribution, epochs: int, seeds: int, population: int, iterations: int) -> list:
-    L.seed_everything(0, workers=True, verbose=False)
-    replay = FailureReplay(fraction=0.25)
-    callback = HDACallback(distribution, k=seeds, population=population, iterations=iterations, bank=replay.bank)
-    trainer = L.Trainer(
-        max_epochs=epochs,
-        callbacks=[callback, replay],
+        callbacks=callbacks,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -160,6 +158,24 @@ def inside_fit(distribution: GlobalDistribution, epochs: int, seeds: int, popula
         accelerator="cpu",
         num_sanity_val_steps=0,
     )
+
+
+def fine_tune(model: Module, train: Pair, cases: Pair, epochs: int, seed: int = 0) -> Module:
+    trainer = quiet_trainer(epochs, seed=seed)
+    data = ConcatDataset([TensorDataset(*train), TensorDataset(*cases)])
+    module = ClassifierModule(copy.deepcopy(model).train(), lr=5e-4)
+    trainer.fit(module, DataLoader(data, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(seed)))
+    return module.net.eval()
+
+
+def accuracy(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor) -> float:
+    return float((predict(model, images).argmax(1) == labels).float().mean())
+
+
+def inside_fit(distribution: GlobalDistribution, epochs: int, seeds: int, population: int, iterations: int) -> list:
+    replay = FailureReplay(fraction=0.25)
+    callback = HDACallback(distribution, k=seeds, population=population, iterations=iterations, bank=replay.bank)
+    trainer = quiet_trainer(epochs, [callback, replay])
     module = ClassifierModule(pretrained("mnist_a").train(), lr=5e-4)
     trainer.fit(module, datamodule=MNISTDataModule(batch_size=64))
     return [record["logged"] | {"epoch": record["epoch"], "bank": len(replay.bank)} for record in callback.history]

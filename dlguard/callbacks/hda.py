@@ -18,8 +18,9 @@ from dlguard.data.batch import BatchKeys
 from dlguard.data.failure_bank import FailureBank
 from dlguard.data.probe_set import ProbeSet, ProbeSetPolicy
 from dlguard.generate.distribution import GlobalDistribution
-from dlguard.generate.hda import HDARun, hda_test
-from dlguard.metrics.functional.perceptual import check_measure, perceptual_quality
+from dlguard.generate.genetic import check_ga_options
+from dlguard.generate.hda import HDARun, check_distribution, check_indicator, hda_test
+from dlguard.metrics.functional.perceptual import perceptual_quality
 from dlguard.metrics.global_robustness import EmpiricalGlobalRobustness
 from dlguard.probes.evaluation import evaluation
 from dlguard.report.figures import plot_image_grid
@@ -121,26 +122,14 @@ class HDACallback(ProbeCallback):
         dataloader_idx: int = 0,
         seed: int = 0,
     ) -> None:
-        if not isinstance(distribution, GlobalDistribution):
-            raise ValueError(f"distribution: expected a GlobalDistribution, got {type(distribution).__name__}")
+        check_distribution(distribution, fitted=False)  # fitted by the time the trainer sets the callback up
         positive_int("k", k)
         positive_int("candidates", candidates)
-        positive_int("population", population)
-        positive_int("iterations", iterations)
-        positive_int("num_best", num_best)
         positive_int("max_batch", max_batch)
-        if not 0 < radius <= 1:
-            raise ValueError(f"radius: expected a value in (0, 1], got {radius}")
-        if indicator not in ("grad", "sep"):
-            raise ValueError(f"indicator: expected 'grad' (S_grad) or 'sep' (S_sep), got {indicator!r}")
-        if population <= 20:
-            raise ValueError(f"population: expected more individuals than the elite (20), got {population}")
-        check_measure(perceptual)
-        if alpha < 0:
-            raise ValueError(f"alpha: expected a weight >= 0, got {alpha}")
-        for name, value in (("mutation_std", mutation_std), ("init_std", init_std)):
-            if not value > 0:
-                raise ValueError(f"{name}: expected a standard deviation > 0, got {value}")
+        check_indicator(indicator)
+        ga = {"population": population, "iterations": iterations, "num_best": num_best, "perceptual": perceptual,
+              "alpha": alpha, "mutation_std": mutation_std, "init_std": init_std}  # fmt: skip
+        check_ga_options(None, radius, **ga)
         if bank is not None and not isinstance(bank, FailureBank):
             raise ValueError(f"bank: expected a FailureBank or None, got {type(bank).__name__}")
         super().__init__(
@@ -152,9 +141,8 @@ class HDACallback(ProbeCallback):
             seed=seed,
         )
         self.distribution, self.k, self.candidates, self.radius = distribution, k, candidates, float(radius)
-        self.indicator, self.population, self.iterations, self.num_best = indicator, population, iterations, num_best
-        self.perceptual, self.alpha = perceptual, float(alpha)
-        self.mutation_std, self.init_std = float(mutation_std), float(init_std)
+        self.indicator, self.ga = indicator, ga
+        """The GA's arguments (``population``, ``iterations``, ``num_best``, ``perceptual``, ``alpha``...)."""
         self.holdout = probability("holdout", holdout)
         self.bank, self.max_batch = bank, max_batch
         self.heldout: dict[str, Tensor] | None = None
@@ -171,8 +159,7 @@ class HDACallback(ProbeCallback):
         return ProbeSetPolicy(size=self.candidates, correct_only=True, seed=self.seed)
 
     def _check_model(self, pl_module: torch.nn.Module) -> None:
-        if not self.distribution.is_fitted:
-            raise ValueError("distribution: is not fitted; call distribution.fit(training inputs) before the run")
+        check_distribution(self.distribution)
         self.distribution.to(self.adapter.device)
 
     def _check_batch(self, inputs: Tensor, target: Tensor) -> None:
@@ -195,13 +182,7 @@ class HDACallback(ProbeCallback):
             keys=probe.keys,
             seed=self.seed,
             max_batch=self.max_batch,
-            population=self.population,
-            iterations=self.iterations,
-            num_best=self.num_best,
-            perceptual=self.perceptual,
-            alpha=self.alpha,
-            mutation_std=self.mutation_std,
-            init_std=self.init_std,
+            **self.ga,
         )
         self.last_run = run
         held = keyed_uniform(run.keys, (1,), salt=_HOLDOUT_SALT).squeeze(1).to(run.keys.device) <= self.holdout

@@ -294,8 +294,12 @@ class PCADistribution(GlobalDistribution):
             raise ValueError(f"inputs: expected shape (n, {shape}) as fitted, got {tuple(inputs.shape)}")
 
     def fit(self, inputs: Tensor, max_batch: int | None = None) -> Self:
-        self._feature_shape = None  # a refit may change the input shape
-        return super().fit(inputs, max_batch)
+        previous, self._feature_shape = self._feature_shape, None  # a refit may change the input shape
+        try:
+            return super().fit(inputs, max_batch)
+        except Exception:
+            self._feature_shape = previous  # a refused refit leaves the old fit whole, its shape check on
+            raise
 
     def _fit_embedding(self, inputs: Tensor) -> None:
         from sklearn.decomposition import PCA

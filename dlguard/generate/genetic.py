@@ -236,10 +236,11 @@ class _Chunk:
         }
 
 
-def check_ga_options(seeds: Tensor, radius: float, **ga: Any) -> None:
+def check_ga_options(seeds: Tensor | None, radius: float, **ga: Any) -> None:
     """Refuse bad :func:`two_step_ga` arguments before any work, as the GA itself would.
 
-    For callers that do work before the GA, such as seed selection.
+    For callers that do work before the GA, such as seed selection, or that take the GA's arguments
+    long before they have seeds (``seeds=None``: the seed-dependent checks wait for the GA).
     """
     defaults = {
         name: parameter.default
@@ -249,11 +250,19 @@ def check_ga_options(seeds: Tensor, radius: float, **ga: Any) -> None:
     unknown = sorted(set(ga) - set(defaults))
     if unknown:
         raise ValueError(f"ga: unknown two_step_ga arguments {unknown}; expected some of {sorted(defaults)}")
-    _check_options(seeds, {**defaults, **ga, "radius": radius})
+    _check_settings({**defaults, **ga, "radius": radius})
+    if seeds is not None:
+        _check_seeds(seeds, {**defaults, **ga})
 
 
 def _check_options(seeds: object, options: dict) -> Tensor:
     """Every argument checked before any work (ValueError naming it)."""
+    _check_settings(options)
+    return _check_seeds(seeds, options)
+
+
+def _check_settings(options: dict) -> None:
+    """The GA's settings, which do not depend on the seeds."""
     radius = finite_float("radius", options["radius"])
     if not 0.0 < radius <= 1.0:
         raise ValueError(f"radius: expected a value in (0, 1], got {radius!r}")
@@ -275,6 +284,11 @@ def _check_options(seeds: object, options: dict) -> Tensor:
             positive_int(name, options[name])
     if isinstance(options["seed"], bool) or not isinstance(options["seed"], int):
         raise ValueError(f"seed: expected an integer, got {options['seed']!r}")
+    check_measure(options["perceptual"])
+
+
+def _check_seeds(seeds: object, options: dict) -> Tensor:
+    """Seeds in ``[0, 1]`` that the perceptual measure can score."""
     seeds = check_tensor("seeds", seeds, min_ndim=2, floating=True)
     check_values("seeds", seeds, (0.0, 1.0), "seeds are pixels; pass preprocess= via a ModelAdapter for the model")
     check_measure(options["perceptual"], seeds.ndim)

@@ -59,6 +59,20 @@ class HDARun:
     selected_density_share: Tensor
 
 
+def check_indicator(indicator: object) -> None:
+    """``indicator`` names a local robustness indicator: ``"grad"`` (``S_grad``) or ``"sep"`` (``S_sep``)."""
+    if indicator not in _VULNERABILITY:
+        raise ValueError(f"indicator: expected 'grad' (S_grad) or 'sep' (S_sep), got {indicator!r}")
+
+
+def check_distribution(distribution: object, fitted: bool = True) -> None:
+    """``distribution`` is a :class:`~dlguard.generate.GlobalDistribution` (fitted, unless ``fitted=False``)."""
+    if not isinstance(distribution, GlobalDistribution):
+        raise ValueError(f"distribution: expected a GlobalDistribution, got {type(distribution).__name__}")
+    if fitted and not distribution.is_fitted:
+        raise ValueError("distribution: is not fitted; call distribution.fit(training inputs) first")
+
+
 def _adapter(model: nn.Module | ModelAdapter) -> ModelAdapter:
     return model if isinstance(model, ModelAdapter) else ModelAdapter(model)
 
@@ -80,10 +94,8 @@ def select_hda_seeds(
     global selection's keys, sorted).
     """
     adapter = _adapter(model)
-    if indicator not in _VULNERABILITY:
-        raise ValueError(f"indicator: expected 'grad' (S_grad) or 'sep' (S_sep), got {indicator!r}")
-    if not distribution.is_fitted:
-        raise ValueError("distribution: is not fitted; call distribution.fit(training inputs) first")
+    check_indicator(indicator)
+    check_distribution(distribution)
     keys = content_keys(candidates) if keys is None else keys
     if indicator == "sep":  # the reference set is every process's candidates (a collective: before any early exit)
         reference, reference_target = _distributed.gather_cat(candidates), _distributed.gather_cat(target)
@@ -176,14 +188,10 @@ def hda_test(
     check_labels("target", target, batch=len(candidates))
     positive_int("k", k)
     positive_int("max_batch", max_batch)
-    if indicator not in _VULNERABILITY:
-        raise ValueError(f"indicator: expected 'grad' (S_grad) or 'sep' (S_sep), got {indicator!r}")
+    check_indicator(indicator)
+    check_distribution(distribution)
     if len(candidates) == 0 and _distributed.world_size() == 1:
         raise ValueError("candidates: expected at least one candidate seed, got none")
-    if not isinstance(distribution, GlobalDistribution):
-        raise ValueError(f"distribution: expected a GlobalDistribution, got {type(distribution).__name__}")
-    if not distribution.is_fitted:
-        raise ValueError("distribution: is not fitted; call distribution.fit(training inputs) first")
     check_ga_options(candidates, radius, seed=seed, **ga)
     if keys is not None and (keys.dtype != torch.int64 or tuple(keys.shape) != (len(candidates),)):
         raise ValueError(f"keys: expected int64 content keys of shape ({len(candidates)},), got {keys.dtype} "

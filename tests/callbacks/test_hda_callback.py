@@ -137,7 +137,8 @@ def test_the_model_is_left_as_found_and_bad_input_fails_before_any_work(tmp_path
     for kwargs, message in (
         ({"radius": 0.0}, r"radius: expected a value in \(0, 1\]"),
         ({"radius": 1.5}, r"radius: expected a value in \(0, 1\]"),
-        ({"population": 20}, "population: expected more individuals than the elite"),
+        ({"population": 20}, "population: population smaller than the elite"),
+        ({"mutation_std": -0.1}, "mutation_std: expected a value of 0 or more"),
         ({"indicator": "fgsm"}, "indicator: expected 'grad'"),
         ({"perceptual": "lpips"}, "perceptual: expected one of"),
         ({"holdout": 1.5}, "holdout"),

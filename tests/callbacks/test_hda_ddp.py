@@ -28,7 +28,7 @@ def test_the_callback_pickles() -> None:
     """ddp_spawn pickles the trainer's callbacks (and so the fitted distribution) into its workers."""
     replay = FailureReplay()
     copy = pickle.loads(pickle.dumps(HDACallback(_distribution(), bank=replay.bank)))
-    assert copy.distribution.is_fitted and copy.k == 10 and copy.population == 1000
+    assert copy.distribution.is_fitted and copy.k == 10 and copy.ga["population"] == 1000
 
 
 def _run(tmp_path: Path, devices: int) -> dict[str, float]:

@@ -222,3 +222,14 @@ def test_bad_input_is_refused_before_any_work(vae, data) -> None:
     pca = PCADistribution(n_components=2).fit(train)
     with pytest.raises(ValueError, match=r"inputs: expected shape \(n, 1, 6, 6\) as fitted"):
         pca.log_density(torch.rand(2, 36))
+
+
+def test_a_refused_pca_refit_keeps_the_old_fit_and_its_shape_check() -> None:
+    images = torch.rand(40, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    distribution = PCADistribution(n_components=4).fit(images)
+    before = distribution.log_density(images[:5])
+    with pytest.raises(ValueError, match="inputs: expected at least 2 inputs"):
+        distribution.fit(torch.rand(1, 1, 6, 6))
+    torch.testing.assert_close(distribution.log_density(images[:5]), before)
+    with pytest.raises(ValueError):
+        distribution.log_density(torch.rand(2, 1, 6, 6))  # the old fit's input shape is still enforced

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from dlguard.generate.genetic import GAResult, _minmax, two_step_ga
+from dlguard.generate.genetic import GAResult, _Chunk, _minmax, two_step_ga
 from dlguard.metrics.functional.perceptual import perceptual_quality
 from dlguard.probes.adapter import ModelAdapter
 from tests.probes.fingerprint import assert_unchanged, fingerprint
@@ -156,10 +156,39 @@ def test_switch_uses_strictly_positive_loss_and_uniform_fitness_is_safe() -> Non
     assert float(second_step.quality[0, 0]) > float(first_step.quality[0, 0])
 
 
-def test_minmax_of_uniform_vector_is_zeros_and_softmax_uniform() -> None:
+def test_minmax_of_uniform_vector_is_zeros() -> None:
     scaled = _minmax(torch.tensor([[3.0, 3.0, 3.0], [1.0, 2.0, 5.0]]))
     assert scaled.tolist() == [[0.0, 0.0, 0.0], [0.0, 0.25, 1.0]]
-    assert torch.softmax(scaled[0], 0).tolist() == pytest.approx([1 / 3] * 3)
+
+
+def _breed(fitness: Tensor, population: Tensor, elite: int = 5, rate: float = 0.2) -> Tensor:
+    options = {"radius": 1.0, "population": population.shape[1], "elite": elite, "mutation_rate": rate,
+               "mutation_std": 0.003}  # fmt: skip
+    chunk = _Chunk(ModelAdapter(nn.Identity()), torch.full((1, population.shape[2]), 0.5), torch.zeros(1), options)
+    return chunk.breed(population, fitness, [torch.Generator().manual_seed(3)])
+
+
+def test_one_breeding_step_keeps_the_elite_and_breeds_only_from_it() -> None:
+    """Elite rows unchanged; every child element is some elite row's element at that place, or one of ~20 % mutated."""
+    generator = torch.Generator().manual_seed(0)
+    population = 0.3 + 0.4 * torch.rand(1, 60, 500, generator=generator)
+    fitness = torch.rand(1, 60, generator=generator)
+    bred = _breed(fitness, population)
+    top = fitness[0].argsort(descending=True)[:5]
+    assert bred.shape == population.shape
+    assert torch.equal(bred[0, :5], population[0, top])  # the elite, best first, untouched
+    children = bred[0, 5:]  # (55, 500)
+    inherited = (children[:, None, :] == population[0, top][None]).any(dim=1)  # element equals an elite element
+    assert abs(float((~inherited).float().mean()) - 0.2) < 0.02  # the rest: mutated elements (rate 0.2)
+    mutated = ~inherited
+    closest = (children[:, None, :] - population[0, top][None]).abs().amin(dim=1)
+    assert float(closest[mutated].max()) < 0.003 * 6  # mutations are small Gaussian steps from a parent's value
+    # a uniform fitness (a uniform population min-maxed to zeros) draws every elite row as a parent about equally:
+    # without mutation, each of the 5 supplies about a fifth of the children's elements
+    uniform = _breed(torch.zeros(1, 600), 0.3 + 0.4 * torch.rand(1, 600, 50, generator=generator), elite=5, rate=0.0)
+    supplied = (uniform[0, 5:, None, :] == uniform[0, None, :5, :]).float().mean(dim=(0, 2))  # (5,) shares
+    assert float(supplied.sum()) == pytest.approx(1.0)  # every element inherited, from exactly one elite row
+    assert bool(((supplied > 0.15) & (supplied < 0.25)).all()), supplied.tolist()
 
 
 @pytest.mark.parametrize("measure", ["mse", "psnr", "ssim"])
