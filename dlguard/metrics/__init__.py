@@ -20,12 +20,14 @@ from dlguard.metrics.dscore import DScore
 from dlguard.metrics.functional.coverage import NeuronRange
 from dlguard.metrics.global_robustness import EmpiricalGlobalRobustness
 from dlguard.metrics.latent_fid import LatentFeatures, LatentFrechetDistance, latent_frechet_distance
+from dlguard.metrics.object_relevancy import DetectionObjectRelevancy, ObjectRelevancy
 from dlguard.metrics.robustness import AdderGlobalRobustness, LocalRobustness
 
 __all__ = [
     "AEQuality",
     "AdderGlobalRobustness",
     "DScore",
+    "DetectionObjectRelevancy",
     "EmpiricalGlobalRobustness",
     "KMultisectionCoverage",
     "LatentFeatures",
@@ -34,6 +36,7 @@ __all__ = [
     "NeuronBoundaryCoverage",
     "NeuronCoverage",
     "NeuronRange",
+    "ObjectRelevancy",
     "OutputImpartiality",
     "StrongNeuronActivationCoverage",
     "TopKNeuronCoverage",

@@ -16,6 +16,17 @@ from dlguard.metrics.functional.coverage import (
 from dlguard.metrics.functional.distribution import kde_log_density, kde_sample
 from dlguard.metrics.functional.dscore import DScoreResult, d_score, g_bound
 from dlguard.metrics.functional.hda import empirical_global_robustness, prediction_loss
+from dlguard.metrics.functional.object_relevancy import (
+    OBJECT_MUTATION_FUNCTIONS,
+    ObjectRelevancyScores,
+    class_probability_and_rank,
+    detection_relevancy,
+    object_relevancy,
+    preserving_score,
+    relevancy_weights,
+    removing_score,
+    unreliable,
+)
 from dlguard.metrics.functional.perceptual import perceptual_quality
 from dlguard.metrics.functional.robustness import (
     LocalRobustnessResult,
@@ -25,14 +36,18 @@ from dlguard.metrics.functional.robustness import (
 )
 
 __all__ = [
+    "OBJECT_MUTATION_FUNCTIONS",
     "AEQualityResult",
     "DScoreResult",
     "LocalRobustnessResult",
     "NeuronRange",
+    "ObjectRelevancyScores",
     "activation_jaccard_distance",
     "adder_global_robustness",
     "ae_quality",
+    "class_probability_and_rank",
     "d_score",
+    "detection_relevancy",
     "digit_sum",
     "empirical_global_robustness",
     "g_bound",
@@ -43,10 +58,15 @@ __all__ = [
     "neuron_boundary_coverage",
     "neuron_coverage",
     "neuron_values",
+    "object_relevancy",
     "output_impartiality",
     "perceptual_quality",
     "prediction_loss",
+    "preserving_score",
+    "relevancy_weights",
+    "removing_score",
     "scaled_neuron_values",
     "strong_neuron_activation_coverage",
     "top_k_neuron_coverage",
+    "unreliable",
 ]
