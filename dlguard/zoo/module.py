@@ -44,14 +44,14 @@ class ClassifierModule(L.LightningModule):
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        x, y = batch
+    def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
+        x, y = batch[0], batch[1]  # (image, label, ...): scene batches carry masks too
         loss = F.cross_entropy(self(x), y)
         self.log("train_loss", loss, on_step=True, on_epoch=True, prog_bar=True)
         return loss
 
-    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        x, y = batch
+    def validation_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
+        x, y = batch[0], batch[1]
         logits = self(x)
         self.val_acc(logits, y)
         self.log("val_loss", F.cross_entropy(logits, y), prog_bar=True, sync_dist=True)

@@ -1,0 +1,328 @@
+"""Object relevancy at the end of validation: does the model read the object or its background? (SPEC §3)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from matplotlib.figure import Figure
+from torch import Tensor
+
+from dlguard._random import content_keys
+from dlguard._validation import check_values, positive_int, probability
+from dlguard.callbacks.base import ProbeCallback
+from dlguard.data.batch import BatchKeys
+from dlguard.data.failure_bank import FailureBank
+from dlguard.data.probe_set import ProbeSet, ProbeSetPolicy
+from dlguard.data.scenes import scene_backgrounds
+from dlguard.generate.object_mutations import FollowUpCache
+from dlguard.generate.object_relevancy import ObjectRelevancyRun, object_relevancy_test
+from dlguard.metrics.functional.object_relevancy import (
+    class_probability_and_rank,
+    preserving_score,
+    removing_score,
+    unreliable,
+)
+from dlguard.metrics.object_relevancy import ObjectRelevancy
+from dlguard.report.figures import plot_image_grid
+
+__all__ = ["ObjectRelevancyCallback"]
+
+MaskSource = Hashable | Callable[[Tensor], Tensor]
+"""Where object masks come from: the key (position or dict key) of the masks in each batch, or a
+callable ``images (B, C, H, W) -> masks (B, H, W) bool`` (e.g. a threshold for digit-like objects)."""
+
+_DEFAULT_KINDS = (0, 1, 2, 5)  # two photo crops and two textures of dlguard.data.BACKGROUND_KINDS
+
+
+class ObjectRelevancyCallback(ProbeCallback):
+    """Object relevancy (SPEC §3) of a classifier's inferences on a fixed probe set, fed back as failures.
+
+    At the first scheduled validation epoch a probe set of ``size`` inputs is drawn (by content, as
+    every dlguard probe set) together with their object ``masks`` -- read from each batch, or
+    computed by a function. Their follow-ups -- the object moved onto and blended into each of the
+    ``backgrounds``, the background grayed; the object filled with nine colours, inpainted, filled
+    with its margin's mean and median -- are generated once with OpenCV on CPU (in parallel, cached
+    in memory and, with ``cache_dir``, on disk) and reused at every later measurement. Each
+    measurement runs the model on the probe set and its follow-ups and reports the mean object
+    relevancy ``S = (S⁺ + S⁻)/2`` and the share of *unreliable* inferences: correct, with
+    ``p ≥ p_high``, yet ``S < s_low``. With a ``bank``, the background-swapped follow-ups of the
+    unreliable inferences go into it with their labels: with :class:`~dlguard.callbacks.FailureReplay`
+    on the same bank, training sees those objects on other backgrounds and learns the object.
+
+    See :class:`~dlguard.callbacks.ProbeCallback` for the schedule, ``preprocess``/``output_transform``,
+    ``batch_keys`` and ``dataloader_idx``, shared by every dlguard callback. The numbers reduce across
+    processes (N processes report what one process reports); the gallery shows rank zero's shard.
+
+    Logged metrics:
+        ``relevancy/score`` (mean ``S``), ``relevancy/preserving`` (mean ``S⁺``), ``relevancy/removing``
+        (mean ``S⁻``), ``relevancy/unreliable_rate`` (share of the correct inferences that are unreliable).
+        Figures ``relevancy/gallery`` (the least relevant confident correct inferences, each with its
+        most damaging follow-ups; captions with ``p`` and ``S``) and ``relevancy/distribution``
+        (histogram of ``S``).
+
+    Args:
+        masks: the key of the object masks ``(B, H, W)`` in each batch (default: position 2, as
+            :class:`~dlguard.data.SceneDataModule` batches ``(image, label, mask)`` have them), or a
+            callable ``images -> masks``.
+        backgrounds: ``(N, 3 or C, H, W)`` backgrounds in ``[0, 1]`` for the preserving mutations; by
+            default four of :func:`~dlguard.data.scene_backgrounds` of the inputs' size.
+        size: inputs in the probe set (over all processes).
+        p_high: confidence from which a correct inference can be unreliable.
+        s_low: object relevancy below which a confident correct inference is unreliable.
+        bank: a :class:`~dlguard.data.FailureBank` receiving unreliable inferences' background-swapped
+            follow-ups, or ``None``.
+        cache_dir: a folder to keep follow-ups in across runs, or ``None`` (memory only).
+        workers: threads generating follow-ups (``None``: one per CPU core).
+        gallery: inferences shown in the gallery.
+        every_n_epochs: measure at the validation run of every this many training epochs.
+        max_batch: inputs per forward pass.
+        preprocess: applied to (mutated) inputs before the model, e.g. ``Normalize``.
+        output_transform: maps the model's output to logits.
+        batch_keys: ``(inputs key, target key)`` of the batches, or a callable ``batch -> (inputs, target)``.
+        dataloader_idx: the validation loader the probe set is drawn from.
+        seed: seed of the probe draw and of the default backgrounds.
+
+    Example:
+        >>> import lightning as L
+        >>> from dlguard.callbacks import FailureReplay
+        >>> replay = FailureReplay(fraction=0.25)
+        >>> on_scenes = ObjectRelevancyCallback(size=128, bank=replay.bank)  # masks at batch position 2
+        >>> on_digits = ObjectRelevancyCallback(masks=lambda x: x[:, 0] > 0.3)  # plain MNIST: threshold the digit
+        >>> trainer = L.Trainer(callbacks=[on_scenes, replay], logger=False, enable_progress_bar=False)
+    """
+
+    prefix = "relevancy"
+
+    def __init__(
+        self,
+        masks: MaskSource = 2,
+        backgrounds: Tensor | None = None,
+        size: int = 256,
+        p_high: float = 0.9,
+        s_low: float = 0.5,
+        bank: FailureBank | None = None,
+        cache_dir: str | Path | None = None,
+        workers: int | None = None,
+        gallery: int = 6,
+        every_n_epochs: int = 1,
+        max_batch: int = 1024,
+        preprocess: Callable[[Tensor], Tensor] | None = None,
+        output_transform: Callable[[Any], Tensor] | None = None,
+        batch_keys: BatchKeys = (0, 1),
+        dataloader_idx: int = 0,
+        seed: int = 0,
+    ) -> None:
+        if not callable(masks) and not isinstance(masks, Hashable):
+            raise ValueError(f"masks: expected a batch key or a callable images -> masks, got {masks!r}")
+        if backgrounds is not None:
+            if not isinstance(backgrounds, Tensor) or backgrounds.ndim != 4 or backgrounds.shape[1] not in (1, 3):
+                shape = tuple(backgrounds.shape) if isinstance(backgrounds, Tensor) else type(backgrounds).__name__
+                raise ValueError(f"backgrounds: expected (N, 3 or 1, H, W) images, got {shape}")
+            if not backgrounds.is_floating_point() or not len(backgrounds):
+                raise ValueError(f"backgrounds: expected at least one float image, got {backgrounds.dtype}")
+            check_values("backgrounds", backgrounds)
+        self.p_high, self.s_low = probability("p_high", p_high), probability("s_low", s_low)
+        positive_int("size", size)
+        positive_int("gallery", gallery, minimum=0)
+        positive_int("max_batch", max_batch)
+        if workers is not None:
+            positive_int("workers", workers)
+        if bank is not None and not isinstance(bank, FailureBank):
+            raise ValueError(f"bank: expected a FailureBank or None, got {type(bank).__name__}")
+        super().__init__(
+            every_n_epochs=every_n_epochs,
+            preprocess=preprocess,
+            output_transform=output_transform,
+            batch_keys=batch_keys,
+            dataloader_idx=dataloader_idx,
+            seed=seed,
+        )
+        self.masks, self.backgrounds, self.size = masks, backgrounds, size
+        self.bank, self.workers, self.gallery, self.max_batch = bank, workers, gallery, max_batch
+        self.cache = FollowUpCache(cache_dir)
+        """The follow-ups generated so far, by input content (reused by every measurement)."""
+        self.last_run: ObjectRelevancyRun | None = None
+        """This process's latest :class:`~dlguard.generate.ObjectRelevancyRun`, or ``None``."""
+        self._seen_masks: dict[int, Tensor] = {}
+        self._checked_masks = False
+        self._gallery: tuple[Tensor, list[str]] | None = None
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(size=self.size, p_high=self.p_high, s_low=self.s_low)
+
+    def _probe_policy(self) -> ProbeSetPolicy:
+        return ProbeSetPolicy(size=self.size, seed=self.seed)
+
+    # ---- masks travel with the probe draw ------------------------------------------------------
+
+    def _read_masks(self, batch: Any, inputs: Tensor) -> Tensor:
+        if callable(self.masks):
+            masks = self.masks(inputs)
+        else:
+            try:
+                masks = batch[self.masks]
+            except (KeyError, IndexError, TypeError):
+                raise ValueError(
+                    f"masks: cannot read the object masks at key {self.masks!r} from the batch; pass masks=<key> "
+                    "or a callable images -> masks (B, H, W)"
+                ) from None
+        if not isinstance(masks, Tensor):
+            raise ValueError(f"masks: expected a tensor (B, H, W), got {type(masks).__name__}")
+        if masks.ndim == 4 and masks.shape[1] == 1:
+            masks = masks[:, 0]
+        if masks.ndim != 3 or masks.shape[0] != inputs.shape[0] or masks.shape[1:] != inputs.shape[-2:]:
+            raise ValueError(
+                f"masks: expected ({inputs.shape[0]}, {inputs.shape[-2]}, {inputs.shape[-1]}) to match the inputs "
+                f"{tuple(inputs.shape)}, got {tuple(masks.shape)}"
+            )
+        return masks.bool()
+
+    def _check_batch(self, inputs: Tensor, target: Tensor) -> None:
+        if inputs.ndim != 4 or inputs.shape[1] not in (1, 3):
+            raise ValueError(
+                f"inputs: ObjectRelevancyCallback mutates images (B, C, H, W) with C of 1 or 3 around an object mask; "
+                f"got shape {tuple(inputs.shape)}"
+            )
+        if self.backgrounds is not None and self.backgrounds.shape[-2:] != inputs.shape[-2:]:
+            raise ValueError(
+                f"backgrounds: expected images of the inputs' size {tuple(inputs.shape[-2:])}, got "
+                f"{tuple(self.backgrounds.shape[-2:])}"
+            )
+
+    def _collect(self, pl_module: L.LightningModule, batch: Any, dataloader_idx: int) -> None:
+        super()._collect(pl_module, batch, dataloader_idx)
+        if dataloader_idx != self.dataloader_idx or (self._draw is None and self._checked_masks):
+            return
+        inputs, _ = self.accessor.read(batch)
+        masks = self._read_masks(batch, inputs)
+        empty = ~masks.flatten(1).any(1)
+        if bool(empty.any()):
+            raise ValueError(
+                f"masks: input {int(empty.nonzero()[0])} of the batch has an empty mask (no object); object "
+                "relevancy needs an object in every input"
+            )
+        self._checked_masks = True
+        if self._draw is None:
+            return
+        keys = content_keys(inputs, self._draw.policy.seed).tolist()
+        for key, mask in zip(keys, masks.cpu(), strict=True):
+            self._seen_masks[int(key)] = mask
+        if len(self._seen_masks) > 2 * self.size:  # keep the masks the draw can still choose, not the whole set
+            restore = self._draw.restore
+            drawn = {int(k) for probe in self._probes.values() for k in probe.keys.tolist()}  # other stages' sets
+            candidates = sorted(key for key in self._seen_masks if key not in drawn)
+            wanted = drawn | (set(restore.tolist()) if restore is not None else set(candidates[: self.size]))
+            self._seen_masks = {key: mask for key, mask in self._seen_masks.items() if key in wanted}
+
+    def _backgrounds_for(self, inputs: Tensor) -> Tensor:
+        if self.backgrounds is None:
+            height, width = inputs.shape[-2:]
+            side = max(height, width)
+            images, _ = scene_backgrounds(len(_DEFAULT_KINDS), side, kinds=list(_DEFAULT_KINDS), seed=self.seed)
+            self.backgrounds = images[..., :height, :width].contiguous()
+        return self.backgrounds
+
+    # ---- one measurement ---------------------------------------------------------------------
+
+    def _measure(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, probe: ProbeSet | None, stage: str
+    ) -> tuple[dict[str, Any], dict[str, float]]:
+        assert probe is not None
+        inputs, target = probe.inputs.cpu().float(), probe.target.cpu()
+        keys = probe.keys.cpu()
+        missing = [key for key in keys.tolist() if key not in self._seen_masks]
+        if missing:
+            raise RuntimeError(f"ObjectRelevancyCallback: no mask was read for {len(missing)} probe input(s)")
+        masks = torch.stack([self._seen_masks[key] for key in keys.tolist()]) if len(keys) else None
+        kept = {int(k) for every in self._probes.values() for k in every.keys.tolist()}
+        self._seen_masks = {key: mask for key, mask in self._seen_masks.items() if key in kept}
+        backgrounds = self._backgrounds_for(inputs)
+        follow_ups = None
+        if masks is not None:
+            follow_ups = self.cache.get_or_make(keys, inputs, masks, backgrounds, self.workers)
+        device = self.adapter.device
+        metric = ObjectRelevancy(2, p_high=self.p_high, s_low=self.s_low).to(device)  # an empty shard adds nothing
+        run = None
+        if follow_ups is not None:
+            run = object_relevancy_test(self.adapter, inputs, target, follow_ups, self.max_batch)
+            metric = ObjectRelevancy(run.logits.shape[1], p_high=self.p_high, s_low=self.s_low).to(device)
+            metric.update(run.logits, run.follow_up_logits, target.to(device), follow_ups.function.to(device),
+                          follow_ups.preserving.to(device), follow_ups.valid.to(device))  # fmt: skip
+        self.last_run = run
+        result = metric.compute()  # sums over every process
+        logged = {
+            "relevancy/score": float(result["score"]),
+            "relevancy/preserving": float(result["preserving"]),
+            "relevancy/removing": float(result["removing"]),
+            "relevancy/unreliable_rate": float(result["unreliable_rate"]),
+        }
+        flagged = unreliable(run.scores, self.p_high, self.s_low).cpu() if run is not None else None
+        if self.bank is not None and stage == "validation" and run is not None and flagged is not None:
+            swapped = run.follow_ups.background_swapped()[flagged]  # (U, n_backgrounds, C, H, W)
+            labels = target[flagged][:, None].expand(swapped.shape[:2])
+            self.bank.add(swapped.flatten(0, 1), labels.flatten(), origin="relevancy")
+        self._gallery = self._gallery_of(run, inputs) if run is not None else None
+        record = {
+            "unreliable": int(result["unreliable"]),
+            "inferences": int(result["inferences"]),
+            "per_function": {name: float(value) for name, value in result["per_function"].items()},
+            "histogram": [int(v) for v in result["histogram"].tolist()],
+        }
+        return record, logged
+
+    # ---- figures -------------------------------------------------------------------------------
+
+    def _gallery_of(
+        self, run: ObjectRelevancyRun, inputs: Tensor, damaging: int = 3
+    ) -> tuple[Tensor, list[str]] | None:
+        """The least relevant confident correct inferences, each with its ``damaging`` lowest-scoring follow-ups."""
+        scores = run.scores
+        confident = (scores.correct & (scores.probability >= self.p_high)).cpu()
+        rows = confident.nonzero().squeeze(1)
+        if not len(rows) or not self.gallery:
+            return None
+        rows = rows[scores.score.cpu()[rows].argsort()[: self.gallery]]
+        logits, follow = run.logits.cpu().float(), run.follow_up_logits.cpu().float()
+        target = logits.argmax(1)
+        p, r = class_probability_and_rank(logits, target)
+        p_f, r_f = class_probability_and_rank(follow, target[:, None])
+        k = logits.shape[1]
+        own = torch.where(
+            run.follow_ups.preserving.cpu(),
+            preserving_score(p[:, None], r[:, None], p_f, r_f, k),
+            removing_score(p[:, None], r[:, None], p_f, r_f, k),
+        )
+        own = torch.where(run.follow_ups.valid.cpu(), own, torch.full_like(own, float("inf")))
+        images, captions = [], []
+        for row in rows.tolist():
+            images.append(inputs[row])
+            captions.append(f"y={int(target[row])} p={float(p[row]):.2f} S={float(scores.score[row]):.2f}")
+            for f in own[row].argsort()[:damaging].tolist():
+                images.append(run.follow_ups.inputs[row, f].cpu())
+                name = run.follow_ups.operation[f].split("/")
+                predicted = int(follow[row, f].argmax())
+                captions.append(f"{name[0][:14]}/{name[-1][:6]} → {predicted} p={float(p_f[row, f]):.2f}")
+        return torch.stack(images), captions
+
+    def _figures(self, record: dict[str, Any]) -> dict[str, Figure]:
+        figures: dict[str, Figure] = {}
+        if self._gallery is not None:
+            images, captions = self._gallery
+            figures["relevancy/gallery"] = plot_image_grid(images, captions, columns=4)
+        histogram = record.get("histogram")
+        if histogram:
+            figure = Figure(figsize=(4, 2.6), layout="tight")
+            ax = figure.subplots()
+            edges = torch.linspace(0, 1, len(histogram) + 1)
+            ax.bar(edges[:-1].tolist(), histogram, width=1 / len(histogram), align="edge", edgecolor="white")
+            ax.axvline(self.s_low, color="tab:red", linestyle="--", label=f"s_low = {self.s_low:g}")
+            ax.set_xlabel("object relevancy S")
+            ax.set_ylabel("inferences")
+            ax.legend(fontsize=8)
+            figures["relevancy/distribution"] = figure
+        return figures
