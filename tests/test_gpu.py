@@ -38,3 +38,30 @@ def test_mutants_and_coverage_match_the_cpu() -> None:
     reference = NeuronCoverage(sizes)
     reference.update({name: outputs[0].cpu() for name, outputs in acts.items()})
     assert float(metric.compute()) == float(reference.compute())
+
+
+def test_object_relevancy_on_the_gpu_matches_the_cpu(tmp_path) -> None:
+    import lightning as L
+
+    from dlguard.callbacks import ObjectRelevancyCallback
+    from dlguard.data import SceneDataModule, make_scenes, scene_backgrounds
+    from dlguard.data.mnist import embedded_mnist
+    from dlguard.generate import object_follow_ups, object_relevancy_test
+    from dlguard.zoo import ClassifierModule
+
+    digits, labels = embedded_mnist()
+    scenes = make_scenes(digits[:32], labels[:32])
+    backgrounds, _ = scene_backgrounds(4, 32, seed=0)
+    follow_ups = object_follow_ups(scenes.images, scenes.masks, backgrounds)
+    torch.manual_seed(0)
+    model = mnist_b(in_channels=3, input_size=32).eval()
+    on_cpu = object_relevancy_test(model, scenes.images, scenes.labels, follow_ups)
+    on_gpu = object_relevancy_test(model.cuda(), scenes.images.cuda(), scenes.labels.cuda(), follow_ups.to("cuda"))
+    assert on_gpu.logits.device.type == "cuda"
+    torch.testing.assert_close(on_gpu.scores.score.cpu(), on_cpu.scores.score, atol=1e-4, rtol=1e-4)
+
+    callback = ObjectRelevancyCallback(size=64)
+    trainer = L.Trainer(accelerator="cuda", devices=1, callbacks=[callback], logger=False, default_root_dir=tmp_path,
+                        limit_val_batches=2, enable_progress_bar=False)  # fmt: skip
+    trainer.validate(ClassifierModule(model.cpu()), datamodule=SceneDataModule(batch_size=64), verbose=False)
+    assert 0 <= callback.latest["logged"]["relevancy/score"] <= 1
