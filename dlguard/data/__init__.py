@@ -6,19 +6,37 @@ from dlguard.data.images import LabelledImages
 from dlguard.data.mnist import MNISTDataModule, embedded_mnist
 from dlguard.data.probe_set import ProbeSet, ProbeSetDraw, ProbeSetPolicy
 from dlguard.data.sampling import BalancedSubset, balanced_correct_subset
+from dlguard.data.scenes import (
+    BACKGROUND_KINDS,
+    DetectionSceneDataModule,
+    DetectionScenes,
+    SceneDataModule,
+    Scenes,
+    make_detection_scenes,
+    make_scenes,
+    scene_backgrounds,
+)
 from dlguard.probes import model_device  # re-exported: the data helpers and the demo use it
 
 __all__ = [
+    "BACKGROUND_KINDS",
     "BalancedSubset",
     "BatchAccessor",
     "BatchKeys",
+    "DetectionSceneDataModule",
+    "DetectionScenes",
     "FailureBank",
     "LabelledImages",
     "MNISTDataModule",
     "ProbeSet",
     "ProbeSetDraw",
     "ProbeSetPolicy",
+    "SceneDataModule",
+    "Scenes",
     "balanced_correct_subset",
     "embedded_mnist",
+    "make_detection_scenes",
+    "make_scenes",
     "model_device",
+    "scene_backgrounds",
 ]
