@@ -1,6 +1,6 @@
 """Object relevancy's questions on digit scenes: a clean model and a spurious-background model of one architecture.
 
-    python recipes/object_relevancy.py [--epochs 8] [--probe 500] [--budget 100] [--pairs 50] [--tune-epochs 3]
+    python recipes/object_relevancy.py [--epochs 8] [--probe 500] [--budget 100] [--pairs 50] [--tune-epochs 4]
 
 Scenes: the embedded MNIST digits composited on photo crops and textures (``SceneDataModule``,
 32x32 RGB). The *clean* model is trained on scenes whose background kind is independent of the
@@ -16,8 +16,9 @@ predicts the label.
    ordered class pairs × ``--budget`` synthesised images each (paper, ResNet-152 on ImageNet:
    3,310 vs 1,800 successes in scenario 1, 1,288 vs 629 in scenario 2).
 3. Feedback: the spurious model fine-tuned ``--tune-epochs`` epochs on its own scenes with
-   ``ObjectRelevancyCallback(bank=...)`` + ``FailureReplay`` against the same fine-tuning without
-   the callbacks: relevancy and accuracy on shuffled-background scenes.
+   ``ObjectRelevancyCallback(bank=...)`` (follow-ups on one background of each of the ten kinds) +
+   ``FailureReplay`` against the same fine-tuning without the callbacks: relevancy and accuracy on
+   shuffled-background scenes.
 
 Writes results.md, results.json and pictures (distributions, gallery, attack examples) into --out.
 """
@@ -50,9 +51,10 @@ PAPER_ATTACK = {1: (3310, 1800), 2: (1288, 629)}  # (guided, random) successes, 
 BACKGROUND_KINDS = (0, 1, 2, 5)  # the callback's default: two photo crops, two textures
 
 
-def quiet_trainer(epochs: int, callbacks: list[L.Callback] | None = None, seed: int = 0) -> L.Trainer:
-    L.seed_everything(seed, verbose=False)
+def quiet_trainer(epochs: int, callbacks: list[L.Callback] | None = None, root: Path | None = None) -> L.Trainer:
+    L.seed_everything(0, verbose=False)
     return L.Trainer(
+        default_root_dir=root,
         max_epochs=epochs,
         callbacks=callbacks or [],
         logger=False,
@@ -155,16 +157,24 @@ def attack_table(model: Module, scenes: Scenes, row: dict[str, Any], budget: int
     return out
 
 
-def fine_tune(model: ClassifierModule, epochs: int, probe: int, replay: bool) -> tuple[ClassifierModule, list]:
+def fine_tune(
+    model: ClassifierModule, epochs: int, probe: int, replay: bool, root: Path
+) -> tuple[ClassifierModule, list]:
+    """Fine-tune on the spurious scenes, with or without the relevancy feedback.
+
+    With ``replay`` the callback moves unreliable inferences' objects onto backgrounds of all ten kinds
+    (one each) and ``FailureReplay`` mixes them into half of every training batch.
+    """
     tuned = copy.deepcopy(model).train()
     callbacks: list[L.Callback] = []
     history: list = []
     if replay:
-        feedback = FailureReplay(bank=FailureBank(capacity=4 * probe), fraction=0.5)
-        callback = ObjectRelevancyCallback(size=probe, bank=feedback.bank)
+        feedback = FailureReplay(bank=FailureBank(capacity=10 * probe), fraction=0.5)
+        backgrounds, _ = scene_backgrounds(10, 32, kinds=list(range(10)), seed=1)
+        callback = ObjectRelevancyCallback(size=probe, backgrounds=backgrounds, bank=feedback.bank)
         callbacks = [callback, feedback]
         history = callback.history
-    quiet_trainer(epochs, callbacks).fit(tuned, datamodule=SceneDataModule(spurious=1.0, batch_size=64))
+    quiet_trainer(epochs, callbacks, root).fit(tuned, datamodule=SceneDataModule(spurious=1.0, batch_size=64))
     return tuned.eval(), [
         {"epoch": r["epoch"], **{k.split("/")[1]: round(v, 4) for k, v in r["logged"].items()}} for r in history
     ]
@@ -176,7 +186,7 @@ def main() -> None:
     parser.add_argument("--probe", type=int, default=500)
     parser.add_argument("--budget", type=int, default=100)
     parser.add_argument("--pairs", type=int, default=50)
-    parser.add_argument("--tune-epochs", type=int, default=3)
+    parser.add_argument("--tune-epochs", type=int, default=4)
     parser.add_argument("--out", type=Path, default=Path("dlguard-runs/object_relevancy"))
     args = parser.parse_args()
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
@@ -228,7 +238,7 @@ def main() -> None:
 
     tuned = {}
     for replay in (True, False):
-        model, history = fine_tune(models["spurious"], args.tune_epochs, args.probe, replay)
+        model, history = fine_tune(models["spurious"], args.tune_epochs, args.probe, replay, args.out)
         scenes = data["spurious"].val_set
         after = relevancy(model, scenes, follow_ups["spurious"], args.probe)
         other = shuffled(scenes)

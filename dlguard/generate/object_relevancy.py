@@ -70,13 +70,16 @@ def object_relevancy_test(
         >>> masks[:, 4:12, 5:11] = True
         >>> images[:, 0][masks] = 1.0  # a red object on a dark background
         >>> follow_ups = object_follow_ups(images, masks, torch.rand(2, 3, 16, 16), workers=1)
-        >>> red_detector = nn.Sequential(nn.Flatten(), nn.Linear(768, 2))  # logit of class 1: red inside the box
+        >>> red_detector = nn.Sequential(nn.Flatten(), nn.Linear(768, 2))  # class 1: pure red inside the box
         >>> with torch.no_grad():
-        ...     _ = red_detector[1].weight.zero_()
-        ...     red_detector[1].weight[1, :256].view(16, 16)[4:12, 5:11] = 1.0
+        ...     _ = red_detector[1].weight.zero_(), red_detector[1].bias.zero_()
+        ...     for channel, sign in ((0, 1.0), (1, -1.0), (2, -1.0)):
+        ...         red_detector[1].weight[1, 256 * channel:256 * (channel + 1)].view(16, 16)[4:12, 5:11] = sign
         >>> run = object_relevancy_test(red_detector, images, torch.tensor([1, 1]), follow_ups)
         >>> round(float(run.scores.probability[0]), 4), round(float(run.scores.score[0]), 2)
-        (1.0, 0.96)
+        (1.0, 0.81)
+        >>> [round(v, 2) for v in run.scores.per_function[0, :5].tolist()]  # Poisson blending shifts the red
+        [1.0, 0.0, 1.0, 0.89, 1.0]
     """
     adapter = model if isinstance(model, ModelAdapter) else ModelAdapter(model)
     check_images(images)
