@@ -17,10 +17,10 @@ in this order (the index is the function id in :attr:`FollowUps.function`):
 ====  ==============================  ==========  ==========================================================
 
 so ``F = 2·n_backgrounds + 1 + 9 + 2 + 2``; objects stay where they are (backgrounds have the images' size).
-The *seam* is the band ``dilate(mask) ∧ ¬erode(mask)`` (3×3); only its pixels take the 3×3 median, the
-rest is exactly the composite. Mutations work in float ``H×W×C`` arrays and touch only the pixels they
-change, so every pixel a mutation leaves alone is the source's (or the background's) exact float value;
-OpenCV's 8-bit-only operations (inpainting, ``seamlessClone``) are quantised to ``uint8`` and their
+The *seam* is the ring ``dilate(mask) ∧ ¬mask`` (3×3) just outside the object: only its pixels take the
+3×3 median (a thin stroke stays whole), the rest is exactly the composite. Mutations work in float
+``H×W×C`` arrays and touch only the pixels they change, so every pixel a mutation leaves alone is the
+source's (or the background's) exact float value; OpenCV's 8-bit-only operations (inpainting, ``seamlessClone``) are quantised to ``uint8`` and their
 results used only where they apply. For grayscale images (``C = 1``) RGB backgrounds and fill colours
 become gray by ITU-R BT.601 luminance (``0.299 R + 0.587 G + 0.114 B``, OpenCV's ``RGB2GRAY``).
 
@@ -262,7 +262,7 @@ class _Object:
         self.channels = image.shape[2]
         mask8 = mask.astype(np.uint8)
         self.dilated = cv2.dilate(mask8, _KERNEL).astype(bool)
-        self.seam = self.dilated & ~cv2.erode(mask8, _KERNEL).astype(bool)
+        self.seam = self.dilated & ~mask  # the ring outside the object: thin strokes stay whole
         self._clone: tuple[np.ndarray, np.ndarray, tuple[int, int, int, int]] | None = None
 
     def pasted(self, content: np.ndarray, onto: np.ndarray) -> np.ndarray:

@@ -99,7 +99,7 @@ def test_fill_with_color_fills_the_mask_and_median_blurs_only_the_seam(textured)
     images, masks, _, follow_ups = textured
     colors = {"red": (1, 0, 0), "cyan": (0, 1, 1), "gray": (0.5, 0.5, 0.5), "black": (0, 0, 0)}
     for b in range(len(images)):
-        inner, outer = _shrink(masks[b]), _grow(masks[b])
+        inner, outer = masks[b], _grow(masks[b])  # the object whole, the seam is the ring outside it
         seam = outer & ~inner
         for name, rgb in colors.items():
             color = torch.tensor(rgb, dtype=torch.float32).view(3, 1, 1)
@@ -114,7 +114,7 @@ def test_gray_background_keeps_the_object_and_grays_the_rest(textured) -> None:
     images, masks, _, follow_ups = textured
     out = follow_ups.inputs[:, _index(follow_ups, "GrayBackground/gray")]
     for b in range(len(images)):
-        inner, outer = _shrink(masks[b]), _grow(masks[b])
+        inner, outer = masks[b], _grow(masks[b])  # the object whole, the seam is the ring outside it
         assert torch.equal(out[b][:, inner], images[b][:, inner])
         assert bool((out[b][:, ~outer] == 0.5).all())
         seam = outer & ~inner
@@ -126,7 +126,7 @@ def test_move_puts_the_object_on_each_background(textured) -> None:
     moved = follow_ups.background_swapped()
     assert moved.shape == (3, 4, 3, SIZE, SIZE)
     for b in range(len(images)):
-        inner, outer = _shrink(masks[b]), _grow(masks[b])
+        inner, outer = masks[b], _grow(masks[b])  # the object whole, the seam is the ring outside it
         for n in range(len(backgrounds)):
             assert torch.equal(moved[b, n][:, inner], images[b][:, inner])
             assert torch.equal(moved[b, n][:, ~outer], backgrounds[n][:, ~outer])
