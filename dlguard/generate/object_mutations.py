@@ -20,8 +20,9 @@ so ``F = 2·n_backgrounds + 1 + 9 + 2 + 2``; objects stay where they are (backgr
 The *seam* is the ring ``dilate(mask) ∧ ¬mask`` (3×3) just outside the object: only its pixels take the
 3×3 median (a thin stroke stays whole), the rest is exactly the composite. Mutations work in float
 ``H×W×C`` arrays and touch only the pixels they change, so every pixel a mutation leaves alone is the
-source's (or the background's) exact float value; OpenCV's 8-bit-only operations (inpainting, ``seamlessClone``) are quantised to ``uint8`` and their
-results used only where they apply. For grayscale images (``C = 1``) RGB backgrounds and fill colours
+source's (or the background's) exact float value; OpenCV's 8-bit-only operations (inpainting,
+``seamlessClone``) are quantised to ``uint8`` and their results used only where they apply. For grayscale
+images (``C = 1``) RGB backgrounds and fill colours
 become gray by ITU-R BT.601 luminance (``0.299 R + 0.587 G + 0.114 B``, OpenCV's ``RGB2GRAY``).
 
 Follow-ups do not depend on the model: :class:`FollowUpCache` generates them once per probe set (in memory,

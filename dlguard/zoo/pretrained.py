@@ -8,13 +8,19 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dlguard.zoo.detector import scene_digits
 from dlguard.zoo.models import mnist_a, mnist_b
 from dlguard.zoo.vae import VAE
 
 __all__ = ["WEIGHTS_DIR", "pretrained", "save_pretrained"]
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
-_ARCHITECTURES: dict[str, Callable[[], nn.Module]] = {"mnist_a": mnist_a, "mnist_b": mnist_b, "vae_mnist": VAE}
+_ARCHITECTURES: dict[str, Callable[[], nn.Module]] = {
+    "mnist_a": mnist_a,
+    "mnist_b": mnist_b,
+    "vae_mnist": VAE,
+    "scene_digits": scene_digits,
+}
 
 
 def _weights_path(name: str) -> Path:
@@ -31,7 +37,9 @@ def pretrained(name: str, map_location: str | torch.device = "cpu") -> nn.Module
 
     Args:
         name: ``"mnist_a"`` or ``"mnist_b"`` (classifiers of 28x28 inputs in ``[0, 1]``, 10 classes), or
-            ``"vae_mnist"`` (HDA's MNIST :class:`~dlguard.zoo.vae.VAE`: hidden 256, latent 32).
+            ``"vae_mnist"`` (HDA's MNIST :class:`~dlguard.zoo.vae.VAE`: hidden 256, latent 32), or
+            ``"scene_digits"`` (:func:`~dlguard.zoo.detector.scene_digits`, the proposal classifier of
+            :class:`~dlguard.zoo.detector.ProposalDetector`: RGB 28x28 crops, background + 10 digits).
         map_location: device to load onto.
 
     Example:
