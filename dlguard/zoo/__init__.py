@@ -1,5 +1,6 @@
 """Small reference models, with shipped weights, for tests, the demo and recipes."""
 
+from dlguard.zoo.detector import ProposalDetector, random_torchvision_detector, scene_digits
 from dlguard.zoo.models import cifar_cnn, mnist_a, mnist_b
 from dlguard.zoo.module import ClassifierModule
 from dlguard.zoo.pretrained import pretrained, save_pretrained
@@ -8,11 +9,14 @@ from dlguard.zoo.vae import VAE, VAEModule, elbo_loss
 __all__ = [
     "VAE",
     "ClassifierModule",
+    "ProposalDetector",
     "VAEModule",
     "cifar_cnn",
     "elbo_loss",
     "mnist_a",
     "mnist_b",
     "pretrained",
+    "random_torchvision_detector",
     "save_pretrained",
+    "scene_digits",
 ]
