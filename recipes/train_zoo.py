@@ -168,7 +168,7 @@ def train_scene_digits(seed: int = 0) -> float:
             detections = ProposalDetector.pretrained(score_threshold=0.05)(images)
             average_precision = detection_quality(detections, targets)[2]
     print(
-        f"scene_digits: {epochs} epochs on {len(crops)} crops ({int((labels > 0).sum())} of digits), "
+        f"scene_digits: {epochs} epochs on {len(crops)} crops ({int((labels > 0).sum())} of them digits), "
         f"{path.stat().st_size / 1024:.0f} KiB; detector on {SCENE_EVALUATION} validation scenes: "
         f"precision {precision:.4f}, recall {recall:.4f}, AP50 {average_precision:.4f}"
     )
