@@ -261,8 +261,8 @@ class ObjectRelevancyCallback(ProbeCallback):
             "relevancy/removing": float(result["removing"]),
             "relevancy/unreliable_rate": float(result["unreliable_rate"]),
         }
-        flagged = unreliable(run.scores, self.p_high, self.s_low).cpu() if run is not None else None
-        if self.bank is not None and stage == "validation" and run is not None and flagged is not None:
+        if self.bank is not None and stage == "validation" and run is not None:
+            flagged = unreliable(run.scores, self.p_high, self.s_low).cpu()
             swapped = run.follow_ups.background_swapped()[flagged]  # (U, n_backgrounds, C, H, W)
             labels = target[flagged][:, None].expand(swapped.shape[:2])
             self.bank.add(swapped.flatten(0, 1), labels.flatten(), origin="relevancy")

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
-__all__ = ["LabelledImages"]
+__all__ = ["LabelledImages", "make_loader"]
 
 
 class LabelledImages(Dataset[tuple[Tensor, int]]):
@@ -70,3 +71,26 @@ class LabelledImages(Dataset[tuple[Tensor, int]]):
         if self.transform is not None:
             image = self.transform(image)
         return image, int(self.targets[index])
+
+
+def make_loader(
+    dataset: Dataset,
+    batch_size: int,
+    num_workers: int,
+    shuffle_seed: int | None = None,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+) -> DataLoader:
+    """The loader every dlguard datamodule returns.
+
+    Shuffled by a generator seeded with ``shuffle_seed`` (training) or in order (``None``: evaluation);
+    workers kept alive across epochs when there are any.
+    """
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=shuffle_seed is not None,
+        num_workers=num_workers,
+        generator=None if shuffle_seed is None else torch.Generator().manual_seed(shuffle_seed),
+        persistent_workers=num_workers > 0,
+        collate_fn=collate_fn,
+    )

@@ -12,7 +12,7 @@ from sklearn.model_selection import train_test_split
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from dlguard.data.images import LabelledImages
+from dlguard.data.images import LabelledImages, make_loader
 
 __all__ = ["MNISTDataModule", "embedded_mnist"]
 
@@ -132,20 +132,7 @@ class MNISTDataModule(L.LightningDataModule):
         self.val_set = LabelledImages(val_x, val_y, self.image_size)
 
     def train_dataloader(self) -> DataLoader:
-        generator = torch.Generator().manual_seed(self.seed)
-        return DataLoader(
-            self.train_set,
-            batch_size=self.batch_size,
-            shuffle=True,
-            num_workers=self.num_workers,
-            generator=generator,
-            persistent_workers=self.num_workers > 0,
-        )
+        return make_loader(self.train_set, self.batch_size, self.num_workers, shuffle_seed=self.seed)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(
-            self.val_set,
-            batch_size=self.batch_size,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-        )
+        return make_loader(self.val_set, self.batch_size, self.num_workers)

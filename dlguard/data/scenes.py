@@ -36,6 +36,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from dlguard._validation import check_labels, positive_int, probability
+from dlguard.data.images import make_loader
 
 __all__ = [
     "BACKGROUND_KINDS",
@@ -553,23 +554,10 @@ class SceneDataModule(L.LightningDataModule):
         self.val_set = val_set
 
     def train_dataloader(self) -> DataLoader:
-        generator = torch.Generator().manual_seed(self.seed)
-        return DataLoader(
-            self.train_set,
-            batch_size=self.batch_size,
-            shuffle=True,
-            num_workers=self.num_workers,
-            generator=generator,
-            persistent_workers=self.num_workers > 0,
-        )
+        return make_loader(self.train_set, self.batch_size, self.num_workers, shuffle_seed=self.seed)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(
-            self.val_set,
-            batch_size=self.batch_size,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-        )
+        return make_loader(self.val_set, self.batch_size, self.num_workers)
 
     def test_dataloader(self) -> DataLoader:
         return self.val_dataloader()
@@ -845,25 +833,12 @@ class DetectionSceneDataModule(L.LightningDataModule):
         self.val_set = make_detection_scenes(val_x, val_y, size=self.size, objects=self.objects, seed=self.seed + 1)
 
     def train_dataloader(self) -> DataLoader:
-        generator = torch.Generator().manual_seed(self.seed)
-        return DataLoader(
-            self.train_set,
-            batch_size=self.batch_size,
-            shuffle=True,
-            num_workers=self.num_workers,
-            generator=generator,
-            collate_fn=self.collate_fn,
-            persistent_workers=self.num_workers > 0,
+        return make_loader(
+            self.train_set, self.batch_size, self.num_workers, shuffle_seed=self.seed, collate_fn=self.collate_fn
         )
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(
-            self.val_set,
-            batch_size=self.batch_size,
-            num_workers=self.num_workers,
-            collate_fn=self.collate_fn,
-            persistent_workers=self.num_workers > 0,
-        )
+        return make_loader(self.val_set, self.batch_size, self.num_workers, collate_fn=self.collate_fn)
 
     def test_dataloader(self) -> DataLoader:
         return self.val_dataloader()
