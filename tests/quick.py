@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import faulthandler
+import os
+import sys
 import tempfile
 from collections.abc import Callable
 from datetime import timedelta
@@ -56,10 +58,13 @@ def _run(rank: int, world: int, store: str, fn: Callable[[int, int], Any], out: 
         import torch
 
         torch.save(result, out)
-    # both ranks leave together: destroying a gloo group while the peer still talks can hang (torch 2.5)
+    # both ranks leave together, then exit at once: destroy_process_group itself can hang in gloo
+    # (torch 2.5.1 did, once in CI, after the barrier), and the OS frees the group's sockets anyway
     dist.barrier()
-    dist.destroy_process_group()
     faulthandler.cancel_dump_traceback_later()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_on_two_processes(fn: Callable[[int, int], Any], tmp_path: Path) -> Any:
