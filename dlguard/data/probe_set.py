@@ -35,6 +35,8 @@ class ProbeSetPolicy:
         seed: the draw's seed.
         value_range: every input must lie in it (pixel space, SPEC §0); ``None`` for any values.
         value_range_hint: appended to the error for inputs outside ``value_range``: where it comes from.
+        labels: the targets are class labels ``(B,)``; ``False`` for any other targets, e.g. steering
+            angles (regression), which only a ``size`` draw can use (``class_counts`` is then empty).
     """
 
     size: int | None = None
@@ -43,10 +45,15 @@ class ProbeSetPolicy:
     seed: int = 0
     value_range: tuple[float, float] | None = (0.0, 1.0)
     value_range_hint: str = ""
+    labels: bool = True
 
     def __post_init__(self) -> None:
         if (self.size is None) == (self.per_class is None):
             raise ValueError("size and per_class: expected exactly one of them")
+        if not self.labels and (self.per_class is not None or self.correct_only):
+            raise ValueError(
+                "labels: a draw over targets that are not class labels needs size=, not per_class or correct_only"
+            )
         if self.size is not None:
             positive_int("size", self.size)
         if self.per_class is not None:
@@ -60,7 +67,7 @@ class ProbeSet:
 
     Attributes:
         inputs: ``(M_rank, ...)`` this process's probe inputs.
-        target: ``(M_rank,)`` their labels.
+        target: ``(M_rank, ...)`` their labels (or regression targets).
         keys: ``(M_rank,)`` their content keys.
         all_keys: ``(M,)`` every process's keys, sorted: the whole probe set, as checkpoints keep it.
         seed: the seed the keys were made with.
@@ -157,7 +164,13 @@ class ProbeSetDraw:
     def add(self, inputs: Tensor, target: Tensor, correct: Tensor | None = None) -> None:
         """Offer a batch: inputs ``(B, ...)``, labels ``(B,)`` and, for ``correct_only``, a ``(B,)`` mask."""
         check_tensor("inputs", inputs)
-        check_labels("target", target, batch=len(inputs))
+        if self.policy.labels:
+            check_labels("target", target, batch=len(inputs))
+        else:
+            check_tensor("target", target)
+            check_values("target", target, None)
+            if len(target) != len(inputs):
+                raise ValueError(f"target: expected {len(inputs)} targets for {len(inputs)} inputs, got {len(target)}")
         if self.policy.correct_only and self.restore is None and (correct is None or correct.shape != target.shape):
             raise ValueError("correct: a correct_only draw needs a (B,) mask of correctly predicted inputs")
         if len(inputs) == 0:
@@ -171,7 +184,7 @@ class ProbeSetDraw:
             mask = correct.to(device=keys.device, dtype=torch.bool)
         else:
             mask = torch.ones_like(keys, dtype=torch.bool)
-        self._seen.append(torch.stack([keys, target.to(keys.device).long(), mask.long()]))
+        self._seen.append(torch.stack([keys, self._classes(target).to(keys.device), mask.long()]))
         pool = (inputs.detach()[mask], target.detach()[mask], keys[mask])
         if self._keys is not None:
             pool = tuple(torch.cat([old, new.to(old.device)]) for old, new in zip(self._pool(), pool, strict=True))
@@ -179,6 +192,10 @@ class ProbeSetDraw:
         if self.restore is None:
             keep = keep[_select(pool[2][keep], pool[1][keep], self.policy)]
         self._inputs, self._target, self._keys = (part[keep] for part in pool)
+
+    def _classes(self, target: Tensor) -> Tensor:
+        """``(B,)`` class of each input: its label, or 0 for targets that are not labels."""
+        return target.long() if self.policy.labels else torch.zeros(len(target), dtype=torch.long, device=target.device)
 
     def _pool(self) -> tuple[Tensor, Tensor, Tensor]:
         assert self._inputs is not None and self._target is not None and self._keys is not None
@@ -197,9 +214,10 @@ class ProbeSetDraw:
         shape = self._sample_shape()
         if self._keys is None:
             empty = torch.zeros(0, dtype=torch.long)
-            self._inputs, self._target, self._keys = torch.zeros((0, *shape)), empty, empty
+            target = empty if self.policy.labels else torch.zeros(0)
+            self._inputs, self._target, self._keys = torch.zeros((0, *shape)), target, empty
         inputs, target, keys = self._pool()
-        parts = _distributed.gather(torch.stack([keys, target.long()]))
+        parts = _distributed.gather(torch.stack([keys, self._classes(target).to(keys.device)]))
         owner = torch.cat([torch.full((part.shape[1],), r, device=keys.device) for r, part in enumerate(parts)])
         every = torch.cat([part.to(keys.device) for part in parts], dim=1)
         unique = _first_of_each_key(every[0])  # padded DDP shards repeat inputs: keep one, lowest rank first
@@ -217,7 +235,7 @@ class ProbeSetDraw:
             keys=keys[local][order],
             all_keys=every[0, chosen].sort().values,
             seed=self.policy.seed,
-            class_counts=_counts(every[1, chosen]),
+            class_counts=_counts(every[1, chosen]) if self.policy.labels else {},
             found_per_class=self._found(seen),
         )
         self._check(probe, seen.shape[1])

@@ -261,11 +261,33 @@ def test_distinct_sparse_inputs_are_all_kept() -> None:
         ({"size": 2.5}, "size"),
         ({"size": 3, "value_range": (1.0, 0.0)}, "value_range"),
         ({"size": 3, "value_range": (0.0, float("inf"))}, "value_range"),
+        ({"per_class": 3, "labels": False}, "labels: a draw over targets that are not class labels"),
+        ({"size": 3, "correct_only": True, "labels": False}, "labels"),
     ],
 )
 def test_policy_validation(kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):
         ProbeSetPolicy(**kwargs)
+
+
+def test_regression_targets_are_drawn_like_labels() -> None:
+    """Steering angles (floats, any sign) ride along with their inputs: the same inputs as a label draw."""
+    x, y, correct = dataset()
+    angles = torch.linspace(-1.0, 1.0, N)
+    policy = ProbeSetPolicy(size=25, seed=4, labels=False)
+    draw = ProbeSetDraw(policy)
+    for rows in random_batches(N, 3):
+        draw.add(x[rows], angles[rows])
+    probe = draw.finish()
+    chosen = brute_force(x, y, correct, policy)
+    assert torch.equal(probe.inputs, x[chosen]) and torch.equal(probe.target, angles[chosen])
+    assert probe.class_counts == {}
+    with pytest.raises(ValueError, match="target: expected 3 targets for 3 inputs, got 2"):
+        ProbeSetDraw(policy).add(x[:3], angles[:2])
+    with pytest.raises(ValueError, match="target"):
+        ProbeSetDraw(policy).add(x[:3], torch.tensor([0.1, float("nan"), 0.2]))
+    with pytest.raises(ValueError, match="target"):  # a label draw still refuses float targets
+        ProbeSetDraw(ProbeSetPolicy(size=3)).add(x[:3], angles[:3])
 
 
 # ---------------------------------------------------------------- two processes
