@@ -4,6 +4,7 @@ from dlguard.callbacks.base import ProbeCallback
 from dlguard.callbacks.coverage import NeuronCoverageCallback
 from dlguard.callbacks.dscore import DScoreCallback
 from dlguard.callbacks.hda import HDACallback
+from dlguard.callbacks.metamorphic import MetamorphicCallback
 from dlguard.callbacks.object_relevancy import ObjectRelevancyCallback
 from dlguard.callbacks.replay import FailureReplay
 from dlguard.callbacks.robustness import RobustnessCallback
@@ -12,6 +13,7 @@ __all__ = [
     "DScoreCallback",
     "FailureReplay",
     "HDACallback",
+    "MetamorphicCallback",
     "NeuronCoverageCallback",
     "ObjectRelevancyCallback",
     "ProbeCallback",

@@ -20,6 +20,7 @@ from dlguard.metrics.dscore import DScore
 from dlguard.metrics.functional.coverage import NeuronRange
 from dlguard.metrics.global_robustness import EmpiricalGlobalRobustness
 from dlguard.metrics.latent_fid import LatentFeatures, LatentFrechetDistance, latent_frechet_distance
+from dlguard.metrics.metamorphic import MetamorphicViolations
 from dlguard.metrics.object_relevancy import DetectionObjectRelevancy, ObjectRelevancy
 from dlguard.metrics.robustness import AdderGlobalRobustness, LocalRobustness
 
@@ -33,6 +34,7 @@ __all__ = [
     "LatentFeatures",
     "LatentFrechetDistance",
     "LocalRobustness",
+    "MetamorphicViolations",
     "NeuronBoundaryCoverage",
     "NeuronCoverage",
     "NeuronRange",

@@ -1,0 +1,41 @@
+"""Under ``ddp_spawn`` on 2 CPU processes, MetamorphicCallback (default arguments) reports what 1 process does."""
+
+from __future__ import annotations
+
+import csv
+import pickle
+from pathlib import Path
+
+import pytest
+
+from dlguard.callbacks import FailureReplay, MetamorphicCallback
+from dlguard.data import MNISTDataModule
+from dlguard.zoo import ClassifierModule, pretrained
+from tests.quick import quick_trainer
+
+
+def test_the_callback_pickles() -> None:
+    replay = FailureReplay()
+    copy = pickle.loads(pickle.dumps(MetamorphicCallback(bank=replay.bank)))
+    assert copy.size == 256 and copy.bank is not None and len(copy.transformations) == 12
+
+
+def _run(tmp_path: Path, devices: int) -> dict[str, float]:
+    extra = {"strategy": "ddp_spawn"} if devices > 1 else {}
+    replay = FailureReplay()
+    callback = MetamorphicCallback(bank=replay.bank)  # default arguments: DeepTest's 12 transformations, 256 inputs
+    trainer = quick_trainer(tmp_path, [callback, replay], val_batches=1.0, accelerator="cpu", devices=devices, **extra)
+    trainer.validate(ClassifierModule(pretrained("mnist_a")), datamodule=MNISTDataModule(batch_size=250))
+    with (tmp_path / "metrics.csv").open() as handle:
+        rows = [row for row in csv.DictReader(handle) if row.get("metamorphic/violation_rate")]
+    assert len(rows) == 1
+    return {key: float(value) for key, value in rows[0].items() if value and key.startswith("metamorphic/")}
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+def test_two_processes_report_what_one_process_reports(tmp_path: Path) -> None:
+    single, double = _run(tmp_path / "one", 1), _run(tmp_path / "two", 2)
+    assert len(single) == 13 and 0 < single["metamorphic/violation_rate"] < 1
+    for key, value in single.items():
+        assert double[key] == pytest.approx(value, abs=1e-6), key
