@@ -1,6 +1,7 @@
 """Test generators and measurements that run a model, usable without Lightning; callbacks only schedule them."""
 
 from dlguard.generate.attacks import fgsm, pgd
+from dlguard.generate.deeptest_search import SearchResult, coverage_guided_search, first_increments, search_violations
 from dlguard.generate.distribution import GlobalDistribution, PCADistribution, VAEDistribution
 from dlguard.generate.dscore import dscore_layers, logit_width, measure_dscore
 from dlguard.generate.genetic import GAResult, two_step_ga
@@ -30,10 +31,13 @@ __all__ = [
     "ObjectRelevancyRun",
     "PCADistribution",
     "RobustnessSweep",
+    "SearchResult",
     "TransplantAttackResult",
     "VAEDistribution",
+    "coverage_guided_search",
     "dscore_layers",
     "fgsm",
+    "first_increments",
     "gradient_indicator",
     "hda_test",
     "logit_width",
@@ -42,6 +46,7 @@ __all__ = [
     "object_relevancy_test",
     "pgd",
     "robustness_sweep",
+    "search_violations",
     "seed_scores",
     "select_hda_seeds",
     "select_seeds",
