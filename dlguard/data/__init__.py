@@ -5,6 +5,7 @@ from dlguard.data.failure_bank import FailureBank
 from dlguard.data.images import LabelledImages
 from dlguard.data.mnist import MNISTDataModule, embedded_mnist
 from dlguard.data.probe_set import ProbeSet, ProbeSetDraw, ProbeSetPolicy
+from dlguard.data.roads import ROAD_SIZE, RoadDataModule, Roads, make_roads, steering_angle
 from dlguard.data.sampling import BalancedSubset, balanced_correct_subset
 from dlguard.data.scenes import (
     BACKGROUND_KINDS,
@@ -20,6 +21,7 @@ from dlguard.probes import model_device  # re-exported: the data helpers and the
 
 __all__ = [
     "BACKGROUND_KINDS",
+    "ROAD_SIZE",
     "BalancedSubset",
     "BatchAccessor",
     "BatchKeys",
@@ -31,12 +33,16 @@ __all__ = [
     "ProbeSet",
     "ProbeSetDraw",
     "ProbeSetPolicy",
+    "RoadDataModule",
+    "Roads",
     "SceneDataModule",
     "Scenes",
     "balanced_correct_subset",
     "embedded_mnist",
     "make_detection_scenes",
+    "make_roads",
     "make_scenes",
     "model_device",
     "scene_backgrounds",
+    "steering_angle",
 ]

@@ -4,15 +4,19 @@ from dlguard.zoo.detector import ProposalDetector, random_torchvision_detector, 
 from dlguard.zoo.models import cifar_cnn, mnist_a, mnist_b
 from dlguard.zoo.module import ClassifierModule
 from dlguard.zoo.pretrained import pretrained, save_pretrained
+from dlguard.zoo.steering import SteeringModule, chauffeur_steering, epoch_steering
 from dlguard.zoo.vae import VAE, VAEModule, elbo_loss
 
 __all__ = [
     "VAE",
     "ClassifierModule",
     "ProposalDetector",
+    "SteeringModule",
     "VAEModule",
+    "chauffeur_steering",
     "cifar_cnn",
     "elbo_loss",
+    "epoch_steering",
     "mnist_a",
     "mnist_b",
     "pretrained",

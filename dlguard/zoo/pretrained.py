@@ -10,6 +10,7 @@ from torch import nn
 
 from dlguard.zoo.detector import scene_digits
 from dlguard.zoo.models import mnist_a, mnist_b
+from dlguard.zoo.steering import epoch_steering
 from dlguard.zoo.vae import VAE
 
 __all__ = ["WEIGHTS_DIR", "pretrained", "save_pretrained"]
@@ -20,6 +21,7 @@ _ARCHITECTURES: dict[str, Callable[[], nn.Module]] = {
     "mnist_b": mnist_b,
     "vae_mnist": VAE,
     "scene_digits": scene_digits,
+    "road_epoch": epoch_steering,
 }
 
 
@@ -39,7 +41,9 @@ def pretrained(name: str, map_location: str | torch.device = "cpu") -> nn.Module
         name: ``"mnist_a"`` or ``"mnist_b"`` (classifiers of 28x28 inputs in ``[0, 1]``, 10 classes), or
             ``"vae_mnist"`` (HDA's MNIST :class:`~dlguard.zoo.vae.VAE`: hidden 256, latent 32), or
             ``"scene_digits"`` (:func:`~dlguard.zoo.detector.scene_digits`, the proposal classifier of
-            :class:`~dlguard.zoo.detector.ProposalDetector`: RGB 28x28 crops, background + 10 digits).
+            :class:`~dlguard.zoo.detector.ProposalDetector`: RGB 28x28 crops, background + 10 digits), or
+            ``"road_epoch"`` (:func:`~dlguard.zoo.steering.epoch_steering`: RGB 48x64 road images from
+            :func:`~dlguard.data.roads.make_roads` to a steering angle ``(B, 1)`` in radians).
         map_location: device to load onto.
 
     Example:

@@ -69,7 +69,7 @@ def test_pretrained_weights_are_small_and_accurate(name: str, floor: float, val_
 
 
 def test_pretrained_unknown_name_lists_available() -> None:
-    available = r"available: \['mnist_a', 'mnist_b', 'scene_digits', 'vae_mnist'\]"
+    available = r"available: \['mnist_a', 'mnist_b', 'road_epoch', 'scene_digits', 'vae_mnist'\]"
     with pytest.raises(ValueError, match=r"unknown pretrained model 'lenet'; " + available):
         pretrained("lenet")
 
