@@ -134,7 +134,9 @@ def test_shipped_vae_is_small_and_reconstructs_validation_digits(val_loader: Dat
 
 
 def test_pretrained_lists_the_vae_among_the_shipped_models() -> None:
-    with pytest.raises(ValueError, match=r"available: \['mnist_a', 'mnist_b', 'road_epoch', 'scene_digits', 'vae_mnist'\]"):
+    with pytest.raises(
+        ValueError, match=r"available: \['mnist_a', 'mnist_b', 'road_epoch', 'scene_digits', 'vae_mnist'\]"
+    ):
         pretrained("vae")
 
 
