@@ -58,6 +58,10 @@ class MetamorphicCallback(ProbeCallback):
       on the whole probe set (all processes); a (transformation, parameter) counts only when its
       ``|MSE_trans − MSE_orig| ≤ ε`` (eq. 3), except for fog, rain and compositions.
 
+    Choose transformations under which the true label stays what it was: violations are replayed
+    with the source's label, so for a target that a transformation legitimately changes (a position
+    under translation, an angle under rotation of a horizon-free image) they would teach wrong labels.
+
     Counts reduce across processes (:class:`~dlguard.metrics.MetamorphicViolations`), so N processes
     report what one process reports. With a ``bank``, every violating transformed input goes into it
     with the *source's* label (for steering, the true angle: the relation's oracle), so that
@@ -285,7 +289,8 @@ class MetamorphicCallback(ProbeCallback):
         """The worst violations (largest error, or first found for classification): source beside transformed."""
         if not found or not self.gallery or inputs.ndim != 4 or inputs.shape[1] not in (1, 3):
             return None
-        names = [f"{name}[{index}]" for name, index, rows, _, _ in found for _ in range(len(rows))]
+        levels = {t.name: t.levels for t in self.transformations}
+        names = [f"{name}={levels[name][index]:g}" for name, index, rows, _, _ in found for _ in range(len(rows))]
         rows = torch.cat([rows for _, _, rows, _, _ in found])
         outputs = torch.cat([outputs for _, _, _, outputs, _ in found])
         moved = torch.cat([part for *_, part in found])

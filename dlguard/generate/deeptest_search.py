@@ -19,6 +19,7 @@ mask and one host sync per round. With ``lanes=1`` it is Algorithm 1 exactly.
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -330,6 +331,17 @@ def coverage_guided_search(
                     busy[row].stack.append((image, busy[row].source))
 
     shape = tuple(seeds.shape[1:])
+    if not kept_images:
+        advice = (
+            "a higher threshold leaves room to grow"
+            if coverage_seeds >= 0.9
+            else "more tries (max_failed_tries) or other transformations may find some"
+        )
+        warnings.warn(
+            f"coverage_guided_search kept no image in {tries} tries: the seeds cover {coverage_seeds:.0%} of the "
+            f"neurons at threshold={threshold}; {advice}",
+            stacklevel=2,
+        )
     return SearchResult(
         images=torch.cat(kept_images).cpu() if kept_images else seeds.new_zeros((0, *shape)).cpu(),
         source=torch.tensor(sources, dtype=torch.long),
@@ -380,7 +392,7 @@ def search_violations(
         ...                           torch.nn.Linear(4 * 6 * 6, 1))
         >>> seeds = torch.rand(6, 1, 8, 8, generator=torch.Generator().manual_seed(0))
         >>> angles = torch.zeros(6)
-        >>> result = coverage_guided_search(net, seeds, deeptest_properties()[:6], threshold=0.5, lanes=2)
+        >>> result = coverage_guided_search(net, seeds, deeptest_properties()[:6], threshold=0.7, lanes=2)
         >>> with torch.no_grad():
         ...     seed_outputs = net(seeds).squeeze(1)
         >>> flags = search_violations(result, MetamorphicRelation("regression", lam=1.0), seed_outputs, angles)

@@ -203,7 +203,9 @@ def test_judging_in_lane_order_equals_one_candidate_after_another() -> None:
 
 def test_identity_transformation_never_keeps_an_image() -> None:
     net, seeds = small_net(), smooth_seeds(5)
-    result = coverage_guided_search(net, seeds, [Property("identity", identity, (1.0,))], threshold=THRESHOLD, lanes=2)
+    with pytest.warns(UserWarning, match=r"kept no image in 15 tries: the seeds cover .* of the neurons at threshold"):
+        result = coverage_guided_search(net, seeds, [Property("identity", identity, (1.0,))], threshold=THRESHOLD,
+                                        lanes=2)  # fmt: skip
     assert len(result.images) == 0 and result.history == [] and result.outputs.shape == (0, 4)
     assert result.coverage == result.coverage_seeds and result.tries == 5 * 3
     assert result.images.shape == (0, 1, 12, 12) and result.parameters.shape == (0, 2)
