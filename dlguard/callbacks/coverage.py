@@ -23,7 +23,7 @@ from dlguard.metrics.coverage import (
     StrongNeuronActivationCoverage,
     TopKNeuronCoverage,
 )
-from dlguard.metrics.functional.coverage import NeuronRange, neuron_values, scaled_neuron_values
+from dlguard.metrics.functional.coverage import NeuronRange, _input_bounds, _scale_values, neuron_values
 from dlguard.probes.evaluation import is_probing
 from dlguard.probes.layers import LayerSpec
 from dlguard.probes.neurons import neuron_layers, neuron_output, profile_neuron_ranges
@@ -35,6 +35,8 @@ __all__ = ["CRITERIA", "NeuronCoverageCallback"]
 CRITERIA = ("nc", "kmnc", "nbc", "snac", "tknc")
 """Neuron coverage (DeepTest), k-multisection, neuron boundary, strong neuron activation, top-k."""
 _RANGE_CRITERIA = {"kmnc", "nbc", "snac"}
+_HELD_VALUES = 1 << 22
+"""Neuron values (4 Mi, 16 MiB in float32) held back before the metrics count them: few updates per epoch."""
 
 
 def _join(parts: list[Tensor]) -> Tensor:
@@ -48,8 +50,12 @@ class NeuronCoverageCallback(ProbeCallback):
     count only the forward passes the loop's own ``validation_step``/``test_step`` makes: passes
     other dlguard callbacks make to measure the model in the same epoch (mutants, sweeps) are
     neither counted nor paid for beyond a flag check. Each hook reads a layer output once, reducing
-    it to per-neuron values shared by every criterion. See :class:`~dlguard.callbacks.ProbeCallback`
-    for the schedule (``every_n_epochs``) shared by every dlguard callback.
+    it to per-neuron values shared by every criterion (and, for NC, each input's minimum and
+    maximum). The values are held back and counted by every criterion at once, in one update per
+    metric at the end of the epoch (or whenever 4 Mi values are held): hit counts are sums over
+    inputs, so the numbers are those of per-batch updates. See
+    :class:`~dlguard.callbacks.ProbeCallback` for the schedule (``every_n_epochs``) shared by every
+    dlguard callback.
 
     KMNC, NBC and SNAC need per-neuron ranges: pass ``ranges`` (from
     :func:`~dlguard.metrics.profile_neuron_ranges`, e.g. on a finished model) or let the callback
@@ -116,7 +122,10 @@ class NeuronCoverageCallback(ProbeCallback):
         self.ranges = None if ranges is None else {k: NeuronRange(*v) for k, v in ranges.items()}
         self.max_profile_batches = max_profile_batches
         self._handles: list[RemovableHandle] = []
-        self._batch: dict[str, list[tuple[Tensor, Tensor]]] = {}
+        # per layer, one entry per forward pass: values (B, N) and, for NC, each input's (low, high)
+        self._held: dict[str, list[Tensor]] = {}
+        self._held_bounds: dict[str, list[tuple[Tensor, Tensor]]] = {}
+        self._held_values = 0
         self._metrics: dict[str, Any] = {}
         self._recording = False
 
@@ -197,8 +206,11 @@ class NeuronCoverageCallback(ProbeCallback):
             return
         if self.needs_ranges and self.ranges is None:
             self._profile(trainer, trainer.lightning_module)  # once, on the model as trained so far
+        device = trainer.lightning_module.device
         for metric in self._metrics.values():  # an epoch cut short by an exception left counts behind
             metric.reset()
+            metric.to(device)  # where the module is now (a later trainer.validate may run it elsewhere)
+        scaled = "nc" in self.criteria
         for name, module in self._layers.items():
 
             def read(module: nn.Module, _inputs: Any, output: Any, name: str = name) -> None:
@@ -206,8 +218,12 @@ class NeuronCoverageCallback(ProbeCallback):
                     return
                 activation = neuron_output(module, output).detach()
                 values = neuron_values(activation)
-                scaled = scaled_neuron_values(activation, values) if "nc" in self.criteria else values
-                self._batch.setdefault(name, []).append((values, scaled))
+                if values is activation:  # (B, N) outputs are their own values: keep them from in-place ops after
+                    values = values.clone()
+                self._held.setdefault(name, []).append(values)
+                self._held_values += values.numel()
+                if scaled:  # the values are scaled when counted
+                    self._held_bounds.setdefault(name, []).append(_input_bounds(activation, values.dtype))
 
             self._handles.append(module.register_forward_hook(read))
 
@@ -226,15 +242,41 @@ class NeuronCoverageCallback(ProbeCallback):
 
     def _collect(self, pl_module: L.LightningModule, batch: Any, dataloader_idx: int) -> None:
         self._recording = False
-        if not self._handles or not self._batch:
+        if self._held_values >= _HELD_VALUES:
+            self._count(pl_module)
+
+    def _count(self, pl_module: L.LightningModule) -> None:
+        """Update every criterion once with the values held back since the last count."""
+        if not self._held:
             return
-        values = {name: _join([v for v, _ in parts]) for name, parts in self._batch.items()}
-        scaled = {name: _join([s for _, s in parts]) for name, parts in self._batch.items()}
-        self._batch.clear()
+        values = {name: _join(parts) for name, parts in self._held.items()}
+        scaled = self._scaled(values) if self._held_bounds else {}
+        self._forget_held()
         if not self._metrics:
             self._metrics = self._make_metrics({name: v.shape[1] for name, v in values.items()}, pl_module.device)
         for criterion, metric in self._metrics.items():
             metric.update(scaled if criterion == "nc" else values)
+
+    def _scaled(self, values: dict[str, Tensor]) -> dict[str, Tensor]:
+        """NC's values: each layer's min-max scaled by its input's bounds, every layer in one go.
+
+        Scaling is element-wise, so doing it side by side gives the bits of scaling each layer alone.
+        """
+        bounds = {
+            name: (_join([b[0] for b in parts]), _join([b[1] for b in parts]))
+            for name, parts in self._held_bounds.items()
+        }
+        if len({(v.shape[0], v.dtype) for v in values.values()}) != 1:  # one by one: the metric refuses other inputs
+            return {
+                name: _scale_values(values[name], low[:, None], high[:, None]) for name, (low, high) in bounds.items()
+            }
+        sizes = [values[name].shape[1] for name in bounds]
+
+        def spread(which: int) -> Tensor:  # (B, total neurons): each input's bound under each of the layer's neurons
+            return torch.cat([b[which][:, None].expand(-1, n) for b, n in zip(bounds.values(), sizes, strict=True)], 1)
+
+        flat = torch.cat([values[name] for name in bounds], dim=1)
+        return dict(zip(bounds, _scale_values(flat, spread(0), spread(1)).split(sizes, dim=1), strict=True))
 
     def _make_metrics(self, sizes: dict[str, int], device: torch.device) -> dict[str, Any]:
         make = {
@@ -248,6 +290,8 @@ class NeuronCoverageCallback(ProbeCallback):
 
     def _end(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         had_hooks = bool(self._handles)
+        if had_hooks:
+            self._count(pl_module)
         self._remove_hooks()
         if had_hooks and self._metrics:
             super()._end(trainer, pl_module, stage)
@@ -255,12 +299,14 @@ class NeuronCoverageCallback(ProbeCallback):
     def _measure(
         self, trainer: L.Trainer, pl_module: L.LightningModule, probe: ProbeSet | None, stage: str
     ) -> tuple[dict[str, Any], dict[str, float]]:
-        per_layer = {criterion: metric.compute() for criterion, metric in self._metrics.items()}
-        for metric in self._metrics.values():
+        per_layer = {}
+        for criterion, metric in self._metrics.items():
+            ratios = metric.compute()
+            per_layer[criterion] = dict(zip(ratios, torch.stack(list(ratios.values())).tolist(), strict=True))
             metric.reset()
         record = {
-            **{criterion: float(values["all"]) for criterion, values in per_layer.items()},
-            "per_layer": {c: {k: float(v) for k, v in values.items() if k != "all"} for c, values in per_layer.items()},
+            **{criterion: values["all"] for criterion, values in per_layer.items()},
+            "per_layer": {c: {k: v for k, v in values.items() if k != "all"} for c, values in per_layer.items()},
         }
         return record, {f"coverage/{c}": record[c] for c in self.criteria}
 
@@ -278,8 +324,13 @@ class NeuronCoverageCallback(ProbeCallback):
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self._batch.clear()
+        self._forget_held()
         self._recording = False
+
+    def _forget_held(self) -> None:
+        self._held.clear()
+        self._held_bounds.clear()
+        self._held_values = 0
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._remove_hooks()

@@ -22,7 +22,8 @@ from dlguard.metrics.functional.coverage import (
     _impartiality,
     _kmnc_hits,
     _nc_hits,
-    _top_k_hits,
+    _top_k_layer_hits,
+    _upper_hits,
     neuron_values,
     scaled_neuron_values,
 )
@@ -72,6 +73,11 @@ class _LayerCoverage(Metric):
         self._bounds = bounds
         for state in self._states:
             self.add_state(state, torch.zeros(start * self._slots, dtype=torch.long), dist_reduce_fx="sum")
+        # each layer's last neuron and number of slots (integers: moving the metric to a dtype leaves them be),
+        # so that compute finds every layer's ratio in a few ops, however many layers
+        self.register_buffer("_last", torch.tensor([stop - 1 for _, stop in bounds.values()]), persistent=False)
+        slots = [(stop - first) * self._slots * len(self._states) for first, stop in bounds.values()]
+        self.register_buffer("_layer_slots", torch.tensor(slots), persistent=False)
 
     def _values(self, name: str, activation: Tensor) -> Tensor:
         return neuron_values(activation)
@@ -131,10 +137,9 @@ class _LayerCoverage(Metric):
         total = covered.sum().double() / covered.numel()
         if not self.per_layer:
             return total
-        return {"all": total} | {
-            name: covered[start:stop].sum().double() / covered[start:stop].numel()
-            for name, (start, stop) in self._bounds.items()
-        }
+        ends = covered.sum(dim=1).cumsum(dim=0)[self._last]  # slots covered up to each layer's end
+        layers = ends.diff(prepend=ends.new_zeros(1)).double() / self._layer_slots.double()
+        return {"all": total} | dict(zip(self._bounds, layers.unbind(), strict=True))
 
 
 class NeuronCoverage(_LayerCoverage):
@@ -258,7 +263,7 @@ class StrongNeuronActivationCoverage(_RangeCoverage):
     """
 
     def _hits(self, values: list[Tensor], flat: Tensor) -> tuple[Tensor, ...]:
-        return (_boundary_hits(flat, self.bounds)[0],)
+        return (_upper_hits(flat, self.high),)
 
 
 class TopKNeuronCoverage(_LayerCoverage):
@@ -278,7 +283,7 @@ class TopKNeuronCoverage(_LayerCoverage):
         self.k = k
 
     def _hits(self, values: list[Tensor], flat: Tensor) -> tuple[Tensor, ...]:
-        return (torch.cat([_top_k_hits(layer_values, self.k) for layer_values in values]),)
+        return (_top_k_layer_hits(values, self.k),)
 
 
 class OutputImpartiality(Metric):

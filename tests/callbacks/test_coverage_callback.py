@@ -9,8 +9,15 @@ from torch import nn
 
 from dlguard.callbacks import NeuronCoverageCallback
 from dlguard.data import MNISTDataModule
-from dlguard.metrics import NeuronCoverage, NeuronRange
-from dlguard.probes import neuron_layers, profile_neuron_ranges
+from dlguard.metrics import (
+    KMultisectionCoverage,
+    NeuronBoundaryCoverage,
+    NeuronCoverage,
+    NeuronRange,
+    StrongNeuronActivationCoverage,
+    TopKNeuronCoverage,
+)
+from dlguard.probes import capture_activations, neuron_layers, profile_neuron_ranges
 from dlguard.zoo import ClassifierModule, mnist_a, pretrained
 from tests.probes.fingerprint import fingerprint
 from tests.quick import quick_trainer
@@ -169,3 +176,103 @@ def test_profiling_leaves_the_training_batches_unchanged(tmp_path: Path) -> None
         runs.append((torch.cat(recorder.labels), torch.stack(recorder.rng)))
     assert torch.equal(runs[0][0], runs[1][0])
     assert torch.equal(runs[0][1], runs[1][1])
+
+
+def coverage_numbers(callback: NeuronCoverageCallback) -> dict:
+    record = callback.history[-1]
+    return {key: record[key] for key in ("nc", "kmnc", "nbc", "snac", "tknc", "per_layer")}
+
+
+def mnist_a_ranges(dm: MNISTDataModule) -> dict[str, NeuronRange]:
+    """Ranges of mnist_a inside a module (layer names ``net.*``) over 100 training digits."""
+    dm.setup()
+    images = torch.stack([dm.train_set[i][0] for i in range(100)])
+    return profile_neuron_ranges(ClassifierModule(pretrained("mnist_a")), [images])
+
+
+def test_other_callbacks_probes_are_neither_counted_nor_paid_for(tmp_path: Path, monkeypatch) -> None:
+    """DScore runs the model on its mutants in the same epoch: before or after coverage, same numbers."""
+    import dlguard.callbacks.coverage as coverage_module
+    from dlguard.callbacks import DScoreCallback
+
+    reads: list[int] = []
+    read = coverage_module.neuron_values
+    monkeypatch.setattr(coverage_module, "neuron_values", lambda a: reads.append(a.shape[0]) or read(a))
+    dm = MNISTDataModule(batch_size=50)
+    ranges = mnist_a_ranges(dm)
+    runs = {}
+    for order in ("alone", "dscore first", "dscore last"):
+        reads.clear()
+        coverage, dscore = NeuronCoverageCallback(ranges=ranges), DScoreCallback(n=2, probe_size=60)
+        callbacks = {"alone": [coverage], "dscore first": [dscore, coverage], "dscore last": [coverage, dscore]}
+        module = CountingModule(pretrained("mnist_a"))
+        trainer = quick_trainer(tmp_path, callbacks[order], num_sanity_val_steps=0)
+        trainer.validate(module, datamodule=dm, verbose=False)
+        assert order == "alone" or dscore.latest is not None  # DScore measured in that epoch
+        runs[order] = coverage_numbers(coverage), list(reads), module.forwards
+    numbers, reads_alone, forwards_alone = runs["alone"]
+    assert reads_alone == [50] * 15  # 3 validation batches x 5 layers, each output read once
+    for order in ("dscore first", "dscore last"):
+        assert runs[order][0] == numbers  # exactly the same counts
+        assert runs[order][1] == reads_alone  # no layer output of DScore's passes was read
+        assert runs[order][2] > forwards_alone  # though DScore ran the model in the same epoch
+
+
+def test_counts_held_over_the_epoch_equal_counts_per_batch(tmp_path: Path, monkeypatch) -> None:
+    import dlguard.callbacks.coverage as coverage_module
+
+    dm = MNISTDataModule(batch_size=50)
+    ranges = mnist_a_ranges(dm)
+    records = []
+    for held in (coverage_module._HELD_VALUES, 1):  # one update per metric at the epoch's end, or one per batch
+        monkeypatch.setattr(coverage_module, "_HELD_VALUES", held)
+        callback = NeuronCoverageCallback(ranges=ranges, threshold=0.3)
+        trainer_for(tmp_path, callback).validate(CountingModule(pretrained("mnist_a")), datamodule=dm, verbose=False)
+        records.append(coverage_numbers(callback))
+    assert records[0] == records[1]
+    # both equal the metrics fed, at once, the raw layer outputs of the loop's 3 batches of 50
+    module = ClassifierModule(pretrained("mnist_a")).eval()
+    images = torch.stack([dm.val_set[i][0] for i in range(150)])
+    with torch.no_grad(), capture_activations(module, neuron_layers(module)) as acts:
+        for batch in images.split(50):
+            module(batch)
+    outputs = {name: torch.cat(out) for name, out in acts.items()}
+    sizes = {name: out.shape[1] for name, out in outputs.items()}
+    metrics = {
+        "nc": NeuronCoverage(sizes, threshold=0.3),
+        "kmnc": KMultisectionCoverage(ranges, k=10),
+        "nbc": NeuronBoundaryCoverage(ranges),
+        "snac": StrongNeuronActivationCoverage(ranges),
+        "tknc": TopKNeuronCoverage(sizes, k=2),
+    }
+    for criterion, metric in metrics.items():
+        metric.update(outputs)
+        assert records[0][criterion] == float(metric.compute()), criterion
+
+
+def test_in_place_ops_after_a_layer_do_not_change_what_it_counts(tmp_path: Path) -> None:
+    """A planted defect: ReLU(inplace=True) after a Linear overwrites the output the hook read."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(784, 12), nn.ReLU(inplace=True), nn.Linear(12, 10))
+    dm = MNISTDataModule(batch_size=50)
+    dm.setup()
+    images = torch.stack([dm.val_set[i][0] for i in range(150)])
+    with torch.no_grad():  # batches of 50, as the loop runs them
+        hidden = torch.cat([net[1](net[0](batch)) for batch in images.split(50)])  # before the ReLU overwrites it
+        logits = torch.cat([net[3](batch.relu()) for batch in hidden.split(50)])
+    assert (hidden < 0).any()  # the ReLU does change it
+    outputs = {"net.1": hidden, "net.3": logits}
+    ranges = {name: NeuronRange(out.quantile(0.2, dim=0), out.quantile(0.8, dim=0)) for name, out in outputs.items()}
+    callback = NeuronCoverageCallback(ranges=ranges, threshold=0.3, top_k=3)
+    trainer_for(tmp_path, callback).validate(CountingModule(net), datamodule=dm, verbose=False)
+    sizes = {"net.1": 12, "net.3": 10}
+    expected = {
+        "nc": NeuronCoverage(sizes, threshold=0.3),
+        "kmnc": KMultisectionCoverage(ranges, k=10),
+        "nbc": NeuronBoundaryCoverage(ranges),
+        "snac": StrongNeuronActivationCoverage(ranges),
+        "tknc": TopKNeuronCoverage(sizes, k=3),
+    }
+    for criterion, metric in expected.items():
+        metric.update(outputs)
+        assert callback.history[-1][criterion] == float(metric.compute()), criterion
