@@ -94,7 +94,7 @@ class Roads(Dataset[tuple[Tensor, Tensor]]):
         >>> tuple(image.shape), image.dtype, angle.shape, angle.dtype
         ((3, 48, 64), torch.float32, torch.Size([]), torch.float32)
         >>> len(roads), [round(v, 3) for v in roads.angles.tolist()]
-        (3, [-0.738, 0.259, -0.13])
+        (3, [-0.144, -0.308, 0.02])
     """
 
     images: Tensor
@@ -146,8 +146,9 @@ def _uniform(generator: torch.Generator, count: int, low: float, high: float, *s
 def _parameters(count: int, generator: torch.Generator) -> dict[str, Tensor]:
     """Every per-image random choice, drawn up front in a fixed order."""
     g = generator
-    # Laplace(0, b): a random sign times an exponential
-    magnitude = torch.empty(count).exponential_(1.0 / CURVATURE_SCALE, generator=g)
+    # Laplace(0, b): a random sign times an exponential, drawn by inverting its CDF from uniforms
+    # (Tensor.exponential_ changed its sampler between torch releases; torch.rand did not)
+    magnitude = -CURVATURE_SCALE * torch.log1p(-torch.rand(count, generator=g))
     sign = torch.where(torch.rand(count, generator=g) < 0.5, -1.0, 1.0)
     overcast = torch.rand(count, 1, generator=g)
     blue = torch.tensor([[0.25, 0.45, 0.75]]) + _uniform(g, count, 0.0, 0.2, 1)
