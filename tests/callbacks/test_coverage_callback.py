@@ -236,17 +236,24 @@ def test_counts_held_over_the_epoch_equal_counts_per_batch(tmp_path: Path, monke
         for batch in images.split(50):
             module(batch)
     outputs = {name: torch.cat(out) for name, out in acts.items()}
+    assert_counts_equal_the_metrics(records[0], outputs, ranges, top_k=2)
+
+
+def assert_counts_equal_the_metrics(
+    record: dict[str, float], outputs: dict[str, torch.Tensor], ranges: dict[str, NeuronRange], top_k: int
+) -> None:
+    """Each criterion in ``record`` equals its metric fed the raw layer ``outputs`` at once (NC threshold 0.3)."""
     sizes = {name: out.shape[1] for name, out in outputs.items()}
     metrics = {
         "nc": NeuronCoverage(sizes, threshold=0.3),
         "kmnc": KMultisectionCoverage(ranges, k=10),
         "nbc": NeuronBoundaryCoverage(ranges),
         "snac": StrongNeuronActivationCoverage(ranges),
-        "tknc": TopKNeuronCoverage(sizes, k=2),
+        "tknc": TopKNeuronCoverage(sizes, k=top_k),
     }
     for criterion, metric in metrics.items():
         metric.update(outputs)
-        assert records[0][criterion] == float(metric.compute()), criterion
+        assert record[criterion] == float(metric.compute()), criterion
 
 
 def test_in_place_ops_after_a_layer_do_not_change_what_it_counts(tmp_path: Path) -> None:
@@ -264,14 +271,4 @@ def test_in_place_ops_after_a_layer_do_not_change_what_it_counts(tmp_path: Path)
     ranges = {name: NeuronRange(out.quantile(0.2, dim=0), out.quantile(0.8, dim=0)) for name, out in outputs.items()}
     callback = NeuronCoverageCallback(ranges=ranges, threshold=0.3, top_k=3)
     trainer_for(tmp_path, callback).validate(CountingModule(net), datamodule=dm, verbose=False)
-    sizes = {"net.1": 12, "net.3": 10}
-    expected = {
-        "nc": NeuronCoverage(sizes, threshold=0.3),
-        "kmnc": KMultisectionCoverage(ranges, k=10),
-        "nbc": NeuronBoundaryCoverage(ranges),
-        "snac": StrongNeuronActivationCoverage(ranges),
-        "tknc": TopKNeuronCoverage(sizes, k=3),
-    }
-    for criterion, metric in expected.items():
-        metric.update(outputs)
-        assert callback.history[-1][criterion] == float(metric.compute()), criterion
+    assert_counts_equal_the_metrics(callback.history[-1], outputs, ranges, top_k=3)
