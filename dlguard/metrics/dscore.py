@@ -101,7 +101,8 @@ class DScore(Metric):
         Returns:
             ``(figure, [feature axes, attention axes])``.
         """
-        from dlguard.report.figures import plot_dscore_heatmaps
+        # matplotlib loads only when a figure is drawn
+        from dlguard.utilities.plot import plot_dscore_heatmaps
 
         figure = plot_dscore_heatmaps(val if val is not None else self.compute(), ax=ax)
         return figure, list(ax) if ax is not None else figure.axes[:2]

@@ -147,7 +147,8 @@ class LocalRobustness(_PerProperty):
         Returns:
             ``(figure, axes)``: one ``Axes`` for a single panel, else a list of them.
         """
-        from dlguard.report.figures import plot_robustness_curves
+        # matplotlib loads only when a figure is drawn
+        from dlguard.utilities.plot import plot_robustness_curves
 
         results = val if val is not None else self.compute()
         curves = {name: result.per_level.reshape(-1) for name, result in results.items()}
