@@ -33,8 +33,8 @@ from torch import nn
 
 from dlguard.callbacks import DScoreCallback, NeuronCoverageCallback
 from dlguard.data import MNISTDataModule
-from dlguard.metrics import NeuronCoverage, profile_neuron_ranges
-from dlguard.probes import capture_activations, model_device, neuron_layers
+from dlguard.metrics import NeuronCoverage
+from dlguard.probes import capture_activations, model_device, neuron_layers, profile_neuron_ranges
 from dlguard.report import plot_coverage_by_layer
 from dlguard.zoo import ClassifierModule, pretrained
 

@@ -1,11 +1,8 @@
 """torchmetrics metrics of dlguard; each delegates its maths to :mod:`dlguard.metrics.functional`.
 
-``profile_neuron_ranges`` runs a model, so it lives in :mod:`dlguard.probes`; it is offered here
-too, beside the criteria that need its ranges, and imported on first use (probes import the
-functional maths, so a load-time import would be circular).
+A metric never runs a model: the neuron ranges KMNC, NBC and SNAC need come from
+:func:`dlguard.probes.profile_neuron_ranges`.
 """
-
-from typing import Any
 
 from dlguard.metrics.ae_quality import AEQuality
 from dlguard.metrics.coverage import (
@@ -43,13 +40,4 @@ __all__ = [
     "StrongNeuronActivationCoverage",
     "TopKNeuronCoverage",
     "latent_frechet_distance",
-    "profile_neuron_ranges",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "profile_neuron_ranges":
-        from dlguard.probes.neurons import profile_neuron_ranges
-
-        return profile_neuron_ranges
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 _PROFILE_HINT = (
-    "profile them once on training data: ranges = dlguard.metrics.profile_neuron_ranges(model, train_loader, layers)"
+    "profile them once on training data: ranges = dlguard.probes.profile_neuron_ranges(model, train_loader, layers)"
 )
 
 
@@ -210,7 +210,7 @@ class KMultisectionCoverage(_RangeCoverage):
     """KMNC(k): sections of each neuron's ``[low, high]`` that some input hit, over ``k``·neurons.
 
     Args:
-        ranges: ``{layer: NeuronRange(low, high)}`` from :func:`~dlguard.metrics.profile_neuron_ranges`.
+        ranges: ``{layer: NeuronRange(low, high)}`` from :func:`~dlguard.probes.profile_neuron_ranges`.
         k: sections per neuron (``>= 1``).
         per_layer: also report each layer's coverage.
 
