@@ -8,15 +8,11 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from dlguard.probes._outputs import _first_tensor
 from dlguard.probes._state import _remove_all
 from dlguard.probes.layers import LayerSpec, resolve_layers
 
 __all__ = ["capture_activations"]
-
-
-def _first_tensor(output: Any) -> Tensor:
-    # Recurrent layers return (output, state): the per-time-step output is what probes study.
-    return output[0] if isinstance(output, tuple | list) else output
 
 
 @contextmanager

@@ -10,8 +10,9 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 from dlguard.metrics.functional.coverage import NeuronRange, neuron_values
+from dlguard.probes._outputs import _first_tensor
 from dlguard.probes.adapter import ModelAdapter
-from dlguard.probes.capture import _first_tensor, capture_activations
+from dlguard.probes.capture import capture_activations
 from dlguard.probes.evaluation import evaluation
 from dlguard.probes.layers import LayerSpec, resolve_layers, select_layers
 
