@@ -20,13 +20,16 @@ from dlguard.augment.functional._params import check_keys
 from dlguard.augment.functional.blur import bilateral_blur, box_blur, gaussian_blur, median_blur
 from dlguard.augment.functional.geometric import rotation, scaling, shearing, translation
 from dlguard.augment.functional.photometric import brightness_scale, brightness_shift, contrast, gaussian_noise
-from dlguard.augment.functional.weather import fog, plasma_field, rain, rain_streaks
-from dlguard.augment.weather import (
-    _FOG_DENSITY,
-    _RAIN_BLUR,
-    _RAIN_DARKENING,
-    _RAIN_DROPS,
-    _RAIN_LENGTH,
+from dlguard.augment.functional.weather import (
+    FOG_DENSITY,
+    RAIN_BLUR,
+    RAIN_DARKENING,
+    RAIN_DROPS,
+    RAIN_LENGTH,
+    fog,
+    plasma_field,
+    rain,
+    rain_streaks,
 )
 
 __all__ = ["Property", "deeptest_properties", "default_properties"]
@@ -148,7 +151,7 @@ def _noise(images: Tensor, level: Tensor, keys: Tensor | None, *, value_range: t
 def _fog(images: Tensor, level: Tensor, keys: Tensor | None) -> Tensor:
     field = plasma_field(len(images), *images.shape[-2:], device=images.device, keys=keys)
     depth = 0.35 + 0.65 * field
-    density = torch.tensor(_FOG_DENSITY, dtype=images.dtype, device=images.device)[level.long() - 1]
+    density = torch.tensor(FOG_DENSITY, dtype=images.dtype, device=images.device)[level.long() - 1]
     return fog(images, depth.to(images), density, 0.9)
 
 
@@ -160,9 +163,9 @@ def _rain(images: Tensor, level: Tensor, keys: Tensor | None) -> Tensor:
         return torch.tensor(values, dtype=images.dtype, device=images.device)[index]
 
     angle = torch.zeros_like(level) + 10.0
-    length = (pick(_RAIN_LENGTH) * height).clamp(min=2)
-    streaks = rain_streaks(len(images), *images.shape[-2:], pick(_RAIN_DROPS), length, angle, keys=keys)
-    return rain(images, streaks, 0.8, pick(_RAIN_DARKENING), pick(_RAIN_BLUR))
+    length = (pick(RAIN_LENGTH) * height).clamp(min=2)
+    streaks = rain_streaks(len(images), *images.shape[-2:], pick(RAIN_DROPS), length, angle, keys=keys)
+    return rain(images, streaks, 0.8, pick(RAIN_DARKENING), pick(RAIN_BLUR))
 
 
 def default_properties(value_range: tuple[float, float] | None = (0.0, 1.0)) -> list[Property]:

@@ -11,16 +11,19 @@ from kornia.augmentation import IntensityAugmentationBase2D
 from torch import Tensor
 
 from dlguard.augment.functional._inputs import values_trusted
-from dlguard.augment.functional.weather import _streak_maps, fog, plasma_field, rain
+from dlguard.augment.functional.weather import (
+    FOG_DENSITY,
+    RAIN_BLUR,
+    RAIN_DARKENING,
+    RAIN_DROPS,
+    RAIN_LENGTH,
+    _streak_maps,
+    fog,
+    plasma_field,
+    rain,
+)
 
 __all__ = ["RandomFog", "RandomRain"]
-
-# severity 1..5 (index 0..4)
-_FOG_DENSITY = (0.6, 1.0, 1.5, 2.1, 2.8)
-_RAIN_DROPS = (0.004, 0.008, 0.013, 0.02, 0.03)  # fraction of pixels starting a streak
-_RAIN_LENGTH = (0.04, 0.05, 0.065, 0.08, 0.1)  # streak length as a fraction of the image height
-_RAIN_DARKENING = (0.95, 0.9, 0.85, 0.79, 0.72)
-_RAIN_BLUR = (0.3, 0.45, 0.6, 0.8, 1.0)
 
 
 def _check_severity(severity: int | tuple[int, int]) -> tuple[int, int]:
@@ -93,7 +96,7 @@ class RandomFog(_WeatherBase):
         (torch.Size([2, 3, 16, 16]), True)
     """
 
-    _tables = (("fog_density", _FOG_DENSITY),)
+    _tables = (("fog_density", FOG_DENSITY),)
 
     def generate_parameters(self, batch_shape: tuple[int, ...]) -> dict[str, Tensor]:
         batch, height, width = batch_shape[0], batch_shape[-2], batch_shape[-1]
@@ -142,10 +145,10 @@ class RandomRain(_WeatherBase):
     """
 
     _tables = (
-        ("rain_drops", _RAIN_DROPS),
-        ("rain_length", _RAIN_LENGTH),
-        ("rain_darkening", _RAIN_DARKENING),
-        ("rain_blur", _RAIN_BLUR),
+        ("rain_drops", RAIN_DROPS),
+        ("rain_length", RAIN_LENGTH),
+        ("rain_darkening", RAIN_DARKENING),
+        ("rain_blur", RAIN_BLUR),
     )
 
     def generate_parameters(self, batch_shape: tuple[int, ...]) -> dict[str, Tensor]:
@@ -154,8 +157,8 @@ class RandomRain(_WeatherBase):
         drawn = 1 if self.same_on_batch else batch
         # the largest drop count and streak of the severity range, known here: no host sync for the sizes
         low, high = self.severity
-        drops = int(max(_RAIN_DROPS[low - 1 : high]) * height * width) + 1
-        half = math.ceil(max(max(_RAIN_LENGTH[low - 1 : high]) * height, 2.0) / 2) + 1
+        drops = int(max(RAIN_DROPS[low - 1 : high]) * height * width) + 1
+        half = math.ceil(max(max(RAIN_LENGTH[low - 1 : high]) * height, 2.0) / 2) + 1
         length = (self._pick("rain_length", severity) * height).clamp(min=2)
         angle = self._uniform(batch, -20.0, 20.0)
         density = self._pick("rain_drops", severity)

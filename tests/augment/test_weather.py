@@ -10,8 +10,17 @@ from torch.utils.data import DataLoader, Dataset
 from torchmetrics.functional.image import structural_similarity_index_measure as ssim
 
 from dlguard.augment import RandomFog, RandomRain
-from dlguard.augment.functional import fog, plasma_field, rain, rain_streaks
-from dlguard.augment.weather import _FOG_DENSITY, _RAIN_BLUR, _RAIN_DARKENING, _RAIN_DROPS, _RAIN_LENGTH
+from dlguard.augment.functional import (
+    FOG_DENSITY,
+    RAIN_BLUR,
+    RAIN_DARKENING,
+    RAIN_DROPS,
+    RAIN_LENGTH,
+    fog,
+    plasma_field,
+    rain,
+    rain_streaks,
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +62,7 @@ def test_parameters_differ_per_sample_unless_same_on_batch(effect) -> None:
 
 def test_fog_ssim_falls_with_severity(photos: torch.Tensor) -> None:
     depth = 0.35 + 0.65 * plasma_field(len(photos), 128, 128, generator=torch.Generator().manual_seed(0))
-    scores = [float(ssim(fog(photos, depth, beta, 0.9), photos, data_range=1.0)) for beta in _FOG_DENSITY]
+    scores = [float(ssim(fog(photos, depth, beta, 0.9), photos, data_range=1.0)) for beta in FOG_DENSITY]
     assert all(a > b for a, b in pairwise(scores)), scores
     assert scores[0] < 0.99 and scores[-1] < 0.6
 
@@ -66,12 +75,12 @@ def test_rain_ssim_falls_with_severity(photos: torch.Tensor) -> None:
             batch,
             height,
             width,
-            density=torch.full((batch,), _RAIN_DROPS[level]),
-            length=torch.full((batch,), _RAIN_LENGTH[level] * height),
+            density=torch.full((batch,), RAIN_DROPS[level]),
+            length=torch.full((batch,), RAIN_LENGTH[level] * height),
             angle=torch.full((batch,), 10.0),
             generator=torch.Generator().manual_seed(0),
         )
-        rainy = rain(photos, streaks, 0.8, _RAIN_DARKENING[level], _RAIN_BLUR[level])
+        rainy = rain(photos, streaks, 0.8, RAIN_DARKENING[level], RAIN_BLUR[level])
         scores.append(float(ssim(rainy, photos, data_range=1.0)))
     assert all(a > b for a, b in pairwise(scores)), scores
 

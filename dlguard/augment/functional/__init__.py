@@ -3,6 +3,7 @@
 Images ``(B, C, H, W)`` in ``[0, 1]`` for every op but ``gaussian_noise`` and ``brightness_scale``,
 which take any float tensor ``(B, ...)`` and a ``value_range`` (``None`` for unbounded values).
 Checks that read values (range, NaN) run on every call; callers on a training path validate once.
+``FOG_DENSITY`` and the ``RAIN_*`` tables hold the parameters of the weather's five severities.
 """
 
 from dlguard.augment.functional.blur import bilateral_blur, box_blur, gaussian_blur, median_blur
@@ -10,9 +11,24 @@ from dlguard.augment.functional.geometric import rotation, scaling, shearing, tr
 from dlguard.augment.functional.padding import pad_resize, pad_resize_matrix
 from dlguard.augment.functional.photometric import brightness_scale, brightness_shift, contrast, gaussian_noise
 from dlguard.augment.functional.translate import pad_to_region, region_translations
-from dlguard.augment.functional.weather import fog, plasma_field, rain, rain_streaks
+from dlguard.augment.functional.weather import (
+    FOG_DENSITY,
+    RAIN_BLUR,
+    RAIN_DARKENING,
+    RAIN_DROPS,
+    RAIN_LENGTH,
+    fog,
+    plasma_field,
+    rain,
+    rain_streaks,
+)
 
 __all__ = [
+    "FOG_DENSITY",
+    "RAIN_BLUR",
+    "RAIN_DARKENING",
+    "RAIN_DROPS",
+    "RAIN_LENGTH",
     "bilateral_blur",
     "box_blur",
     "brightness_scale",

@@ -16,7 +16,29 @@ from dlguard._random import keyed_uniform
 from dlguard.augment.functional._inputs import check_image_input, reads_values
 from dlguard.augment.functional._params import check_keys, per_sample
 
-__all__ = ["fog", "plasma_field", "rain", "rain_streaks"]
+__all__ = [
+    "FOG_DENSITY",
+    "RAIN_BLUR",
+    "RAIN_DARKENING",
+    "RAIN_DROPS",
+    "RAIN_LENGTH",
+    "fog",
+    "plasma_field",
+    "rain",
+    "rain_streaks",
+]
+
+# The five severities of RandomFog, RandomRain and the "fog" and "rain" properties: entry s - 1 is severity s.
+FOG_DENSITY: tuple[float, ...] = (0.6, 1.0, 1.5, 2.1, 2.8)
+"""Fog's scattering coefficient ``β`` (``density`` of :func:`fog`) at severities 1-5."""
+RAIN_DROPS: tuple[float, ...] = (0.004, 0.008, 0.013, 0.02, 0.03)
+"""Rain's drops per pixel (``density`` of :func:`rain_streaks`) at severities 1-5."""
+RAIN_LENGTH: tuple[float, ...] = (0.04, 0.05, 0.065, 0.08, 0.1)
+"""Rain's streak length as a fraction of the image height at severities 1-5."""
+RAIN_DARKENING: tuple[float, ...] = (0.95, 0.9, 0.85, 0.79, 0.72)
+"""Rain's scene multiplier (``darkening`` of :func:`rain`) at severities 1-5."""
+RAIN_BLUR: tuple[float, ...] = (0.3, 0.45, 0.6, 0.8, 1.0)
+"""Rain's vertical blur width (``blur_sigma`` of :func:`rain`) at severities 1-5."""
 
 # salts of the keyed draws, one per draw site (and per octave of the plasma field), so that no two
 # draws for the same key share numbers
