@@ -22,9 +22,9 @@ from torchmetrics.classification import MulticlassConfusionMatrix
 
 from dlguard.augment import ScoreGuidedPadding
 from dlguard.callbacks import DScoreCallback, NeuronCoverageCallback, ProbeCallback, RobustnessCallback
-from dlguard.data import MNISTDataModule, model_device
+from dlguard.data import MNISTDataModule
 from dlguard.metrics.functional import digit_sum
-from dlguard.probes import evaluation
+from dlguard.probes import evaluation, model_device
 from dlguard.report import log_figure, plot_image_grid, plot_training_curves
 from dlguard.zoo import ClassifierModule, mnist_a
 

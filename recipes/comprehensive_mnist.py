@@ -25,8 +25,8 @@ from matplotlib.figure import Figure
 
 from dlguard.augment import ErrorGuidedAugmentation, default_properties
 from dlguard.callbacks import RobustnessCallback
-from dlguard.data import MNISTDataModule, balanced_correct_subset
-from dlguard.generate import robustness_sweep
+from dlguard.data import MNISTDataModule
+from dlguard.generate import balanced_correct_subset, robustness_sweep
 from dlguard.metrics.functional import digit_sum
 from dlguard.report import plot_robustness_curves, summarize_errors
 from dlguard.zoo import ClassifierModule, pretrained

@@ -1,4 +1,4 @@
-"""Data: the embedded MNIST datamodule, batch access, probe sets, balanced sampling, the failure bank."""
+"""Data: the embedded MNIST datamodule, scenes and roads, batch access, probe sets, the failure bank."""
 
 from dlguard.data.batch import BatchAccessor, BatchKeys
 from dlguard.data.failure_bank import FailureBank
@@ -6,7 +6,6 @@ from dlguard.data.images import LabelledImages
 from dlguard.data.mnist import MNISTDataModule, embedded_mnist
 from dlguard.data.probe_set import ProbeSet, ProbeSetDraw, ProbeSetPolicy
 from dlguard.data.roads import ROAD_SIZE, RoadDataModule, Roads, make_roads, steering_angle
-from dlguard.data.sampling import BalancedSubset, balanced_correct_subset
 from dlguard.data.scenes import (
     BACKGROUND_KINDS,
     DetectionSceneDataModule,
@@ -17,12 +16,10 @@ from dlguard.data.scenes import (
     make_scenes,
     scene_backgrounds,
 )
-from dlguard.probes import model_device  # re-exported: the data helpers and the demo use it
 
 __all__ = [
     "BACKGROUND_KINDS",
     "ROAD_SIZE",
-    "BalancedSubset",
     "BatchAccessor",
     "BatchKeys",
     "DetectionSceneDataModule",
@@ -37,12 +34,10 @@ __all__ = [
     "Roads",
     "SceneDataModule",
     "Scenes",
-    "balanced_correct_subset",
     "embedded_mnist",
     "make_detection_scenes",
     "make_roads",
     "make_scenes",
-    "model_device",
     "scene_backgrounds",
     "steering_angle",
 ]

@@ -15,6 +15,7 @@ from dlguard.generate.object_mutations import (
     transplant,
 )
 from dlguard.generate.object_relevancy import ObjectRelevancyRun, object_relevancy_test
+from dlguard.generate.sampling import BalancedSubset, balanced_correct_subset
 from dlguard.generate.seeds import gradient_indicator, seed_scores, select_seeds, separation_indicator
 from dlguard.generate.sweep import RobustnessSweep, robustness_sweep
 from dlguard.generate.transplant_attack import TRANSPLANT_STRATEGIES, TransplantAttackResult, transplant_attack
@@ -22,6 +23,7 @@ from dlguard.generate.transplant_attack import TRANSPLANT_STRATEGIES, Transplant
 __all__ = [
     "MUTATION_FUNCTIONS",
     "TRANSPLANT_STRATEGIES",
+    "BalancedSubset",
     "FollowUpCache",
     "FollowUps",
     "GAResult",
@@ -34,6 +36,7 @@ __all__ = [
     "SearchResult",
     "TransplantAttackResult",
     "VAEDistribution",
+    "balanced_correct_subset",
     "coverage_guided_search",
     "dscore_layers",
     "fgsm",

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from dlguard.augment import Property, default_properties
-from dlguard.data import MNISTDataModule, balanced_correct_subset
+from dlguard.data import MNISTDataModule
+from dlguard.generate import balanced_correct_subset
 from dlguard.report import ErrorSummary, summarize_errors
 from dlguard.zoo import pretrained
 

@@ -1,4 +1,4 @@
-"""Balanced sampling of correctly predicted inputs (SPEC §5)."""
+"""Balanced sampling of correctly predicted inputs (SPEC §5): it runs the model, so it lives beside the generators."""
 
 from __future__ import annotations
 

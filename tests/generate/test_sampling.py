@@ -5,7 +5,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from dlguard.data import balanced_correct_subset
+from dlguard.generate import balanced_correct_subset
 from tests.probes.fingerprint import assert_unchanged, fingerprint
 
 PER_CLASS_AVAILABLE = 30
