@@ -1,6 +1,8 @@
 """Data: the embedded MNIST datamodule, batch access, probe sets, balanced sampling, the failure bank."""
 
+from dlguard.data.backgrounds import BACKGROUND_KINDS, scene_backgrounds
 from dlguard.data.batch import BatchAccessor, BatchKeys
+from dlguard.data.detection_scenes import DetectionSceneDataModule, DetectionScenes, make_detection_scenes
 from dlguard.data.failure_bank import FailureBank
 from dlguard.data.images import LabelledImages
 from dlguard.data.mnist import MNISTDataModule, embedded_mnist
@@ -8,14 +10,9 @@ from dlguard.data.probe_set import ProbeSet, ProbeSetDraw, ProbeSetPolicy
 from dlguard.data.roads import ROAD_SIZE, RoadDataModule, Roads, make_roads, steering_angle
 from dlguard.data.sampling import BalancedSubset, balanced_correct_subset
 from dlguard.data.scenes import (
-    BACKGROUND_KINDS,
-    DetectionSceneDataModule,
-    DetectionScenes,
     SceneDataModule,
     Scenes,
-    make_detection_scenes,
     make_scenes,
-    scene_backgrounds,
 )
 from dlguard.probes import model_device  # re-exported: the data helpers and the demo use it
 

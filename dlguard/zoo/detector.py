@@ -9,7 +9,7 @@ dict per image with ``"boxes"`` (float32 ``(n, 4)`` ``xyxy`` in pixels), ``"labe
 ``digit + 1``, 0 being background) and ``"scores"`` (float ``(n,)``), sorted by decreasing score.
 
 The proposals (:func:`object_proposals`) are extremal regions of the image's channel minimum: the
-scenes of :func:`~dlguard.data.scenes.make_detection_scenes` draw digits in bright colours (every channel
+scenes of :func:`~dlguard.data.detection_scenes.make_detection_scenes` draw digits in bright colours (every channel
 at least 0.7) over backgrounds kept in ``[0.05, 0.6]``, so the channel minimum is high on a digit and low
 elsewhere. Thresholding it at a few levels (as MSER and selective search take regions at several
 scales) and taking connected components, with and without a small dilation that joins broken strokes,
