@@ -31,8 +31,9 @@ import cv2
 import torch
 from _timing import timed
 
+from dlguard.data.backgrounds import scene_backgrounds
 from dlguard.data.mnist import embedded_mnist
-from dlguard.data.scenes import make_scenes, scene_backgrounds
+from dlguard.data.scenes import make_scenes
 from dlguard.generate import object_mutations
 from dlguard.generate.object_mutations import FollowUpCache, FollowUps, object_follow_ups
 

@@ -51,7 +51,9 @@ from torchvision.ops import box_iou
 from dlguard.data import DetectionScenes, MNISTDataModule, embedded_mnist, make_detection_scenes
 from dlguard.data.roads import RoadDataModule
 from dlguard.zoo import ClassifierModule, mnist_a, mnist_b, pretrained, save_pretrained
-from dlguard.zoo.detector import ProposalDetector, label_proposals, scene_digits
+from dlguard.zoo.detector import ProposalDetector
+from dlguard.zoo.proposals import label_proposals
+from dlguard.zoo.scene_classifier import scene_digits
 from dlguard.zoo.steering import SteeringModule, epoch_steering
 from dlguard.zoo.vae import VAE, VAEModule
 

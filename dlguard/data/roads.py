@@ -3,7 +3,7 @@
 Each image ``(3, H, W)`` in ``[0, 1]`` is the view of a pinhole camera ``1.5 m`` above a flat ground,
 looking along the car's heading: a sky (a vertical gradient from a blue or overcast top to a hazy
 horizon colour), distant hills on the horizon, and a ground textured with crops of scikit-learn's two
-sample photos (:func:`~dlguard.data.scenes.scene_backgrounds`, tinted like grass, dry grass or dirt)
+sample photos (:func:`~dlguard.data.backgrounds.scene_backgrounds`, tinted like grass, dry grass or dirt)
 mapped in perspective. On the ground lies a two-lane asphalt road that bends with a constant
 curvature ``κ``: at distance ``Z`` ahead its centre is displaced sideways by ``κ·Z²/2`` (the circle's
 parabolic approximation). The car drives in the right lane (off its centre by up to ``0.4 m``); the
@@ -39,8 +39,8 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from dlguard._validation import positive_int
+from dlguard.data.backgrounds import scene_backgrounds
 from dlguard.data.images import make_loader
-from dlguard.data.scenes import scene_backgrounds
 
 __all__ = ["ROAD_SIZE", "RoadDataModule", "Roads", "make_roads", "steering_angle"]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dlguard.zoo.detector import scene_digits
 from dlguard.zoo.models import mnist_a, mnist_b
+from dlguard.zoo.scene_classifier import scene_digits
 from dlguard.zoo.steering import epoch_steering
 from dlguard.zoo.vae import VAE
 
@@ -40,7 +40,7 @@ def pretrained(name: str, map_location: str | torch.device = "cpu") -> nn.Module
     Args:
         name: ``"mnist_a"`` or ``"mnist_b"`` (classifiers of 28x28 inputs in ``[0, 1]``, 10 classes), or
             ``"vae_mnist"`` (HDA's MNIST :class:`~dlguard.zoo.vae.VAE`: hidden 256, latent 32), or
-            ``"scene_digits"`` (:func:`~dlguard.zoo.detector.scene_digits`, the proposal classifier of
+            ``"scene_digits"`` (:func:`~dlguard.zoo.scene_classifier.scene_digits`, the proposal classifier of
             :class:`~dlguard.zoo.detector.ProposalDetector`: RGB 28x28 crops, background + 10 digits), or
             ``"road_epoch"`` (:func:`~dlguard.zoo.steering.epoch_steering`: RGB 48x64 road images from
             :func:`~dlguard.data.roads.make_roads` to a steering angle ``(B, 1)`` in radians).

