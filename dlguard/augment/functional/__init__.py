@@ -3,22 +3,27 @@
 Images ``(B, C, H, W)`` in ``[0, 1]`` for every op but ``gaussian_noise`` and ``brightness_scale``,
 which take any float tensor ``(B, ...)`` and a ``value_range`` (``None`` for unbounded values).
 Checks that read values (range, NaN) run on every call; callers on a training path validate once.
+The object ops (``follow_up_images``, ``transplant``, SPEC §3) also take each image's object mask and run
+OpenCV on the CPU, image by image in a thread pool; they always read values.
 """
 
 from dlguard.augment.functional.blur import bilateral_blur, box_blur, gaussian_blur, median_blur
 from dlguard.augment.functional.geometric import rotation, scaling, shearing, translation
+from dlguard.augment.functional.object_mutations import FILL_COLORS, follow_up_images, transplant
 from dlguard.augment.functional.padding import pad_resize, pad_resize_matrix
 from dlguard.augment.functional.photometric import brightness_scale, brightness_shift, contrast, gaussian_noise
 from dlguard.augment.functional.translate import pad_to_region, region_translations
 from dlguard.augment.functional.weather import fog, plasma_field, rain, rain_streaks
 
 __all__ = [
+    "FILL_COLORS",
     "bilateral_blur",
     "box_blur",
     "brightness_scale",
     "brightness_shift",
     "contrast",
     "fog",
+    "follow_up_images",
     "gaussian_blur",
     "gaussian_noise",
     "median_blur",
@@ -33,4 +38,5 @@ __all__ = [
     "scaling",
     "shearing",
     "translation",
+    "transplant",
 ]
