@@ -5,13 +5,14 @@
 Prints, in one run on one machine, for ``--images`` digit scenes (:func:`~dlguard.data.scenes.make_scenes`
 over the embedded MNIST digits, RGB ``size x size``) and ``--backgrounds`` scene backgrounds:
 
-1. source images per second of :func:`~dlguard.generate.object_mutations.object_follow_ups` (all
-   ``F = 2·backgrounds + 14`` follow-ups of each) with ``workers=1`` (one thread, the authors' shape: one
-   image after another) and with ``--workers`` threads (default: every core), their ratio, and whether
-   both gave identical follow-ups (they must);
-2. a :class:`~dlguard.generate.object_mutations.FollowUpCache` hit -- what every epoch after the first
-   pays -- in images per second;
-3. where one thread's time goes, by OpenCV step (timed around each of the module's steps).
+1. source images per second of :func:`~dlguard.augment.object_follow_ups` (all ``F = 2·backgrounds + 14``
+   follow-ups of each) with ``workers=1`` (one thread, the authors' shape: one image after another) and with
+   ``--workers`` threads (default: every core), their ratio, and whether both gave identical follow-ups
+   (they must);
+2. a :class:`~dlguard.augment.FollowUpCache` hit -- what every epoch after the first pays -- in images per
+   second;
+3. where one thread's time goes, by OpenCV step (timed around each of the steps of
+   :mod:`dlguard.augment.functional.object_mutations`).
 
 ``--threads`` sets torch's and OpenCV's own thread pools (``cv2.setNumThreads``); the pool of ``--workers``
 threads is separate. On a machine shared with other jobs, run with ``--threads 1`` and compare ratios.
@@ -31,11 +32,11 @@ import cv2
 import torch
 from _timing import timed
 
+from dlguard.augment import FollowUpCache, FollowUps, object_follow_ups
+from dlguard.augment.functional import object_mutations
 from dlguard.data.backgrounds import scene_backgrounds
 from dlguard.data.mnist import embedded_mnist
 from dlguard.data.scenes import make_scenes
-from dlguard.generate import object_mutations
-from dlguard.generate.object_mutations import FollowUpCache, FollowUps, object_follow_ups
 
 
 def identical(a: FollowUps, b: FollowUps) -> bool:

@@ -39,9 +39,10 @@ from matplotlib.figure import Figure
 from torch import Tensor
 from torch.nn import Module
 
+from dlguard.augment import FollowUps, object_follow_ups
 from dlguard.callbacks import FailureReplay, ObjectRelevancyCallback
 from dlguard.data import FailureBank, SceneDataModule, Scenes, scene_backgrounds
-from dlguard.generate import FollowUps, object_follow_ups, object_relevancy_test, transplant_attack
+from dlguard.generate import object_relevancy_test, transplant_attack
 from dlguard.metrics.functional import unreliable
 from dlguard.report import plot_image_grid
 from dlguard.zoo import ClassifierModule, mnist_b

@@ -43,10 +43,11 @@ def test_mutants_and_coverage_match_the_cpu() -> None:
 def test_object_relevancy_on_the_gpu_matches_the_cpu(tmp_path) -> None:
     import lightning as L
 
+    from dlguard.augment import object_follow_ups
     from dlguard.callbacks import ObjectRelevancyCallback
     from dlguard.data import SceneDataModule, make_scenes, scene_backgrounds
     from dlguard.data.mnist import embedded_mnist
-    from dlguard.generate import object_follow_ups, object_relevancy_test
+    from dlguard.generate import object_relevancy_test
     from dlguard.zoo import ClassifierModule
 
     digits, labels = embedded_mnist()

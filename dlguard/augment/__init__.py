@@ -1,6 +1,18 @@
-"""kornia-style augmentation modules (random, replayable parameters) over the functional ops."""
+"""kornia-style augmentation modules (random, replayable parameters) over the functional ops.
+
+Also object relevancy's follow-ups (SPEC §3) and their cache: like every perturbation here they run no model
+(what runs a model lives in :mod:`dlguard.generate`).
+"""
 
 from dlguard.augment.error_guided import ErrorGuidedAugmentation
+from dlguard.augment.follow_up_cache import FollowUpCache
+from dlguard.augment.follow_ups import (
+    MUTATION_FUNCTIONS,
+    FollowUps,
+    MutationFunction,
+    follow_up_layout,
+    object_follow_ups,
+)
 from dlguard.augment.photometric import RandomBrightnessScale, RandomBrightnessShift, RandomNoise
 from dlguard.augment.properties import Property, deeptest_properties, default_properties
 from dlguard.augment.region_translate import RegionTranslate
@@ -8,7 +20,11 @@ from dlguard.augment.score_guided_padding import ScoreGuidedPadding
 from dlguard.augment.weather import RandomFog, RandomRain
 
 __all__ = [
+    "MUTATION_FUNCTIONS",
     "ErrorGuidedAugmentation",
+    "FollowUpCache",
+    "FollowUps",
+    "MutationFunction",
     "Property",
     "RandomBrightnessScale",
     "RandomBrightnessShift",
@@ -19,4 +35,6 @@ __all__ = [
     "ScoreGuidedPadding",
     "deeptest_properties",
     "default_properties",
+    "follow_up_layout",
+    "object_follow_ups",
 ]

@@ -13,12 +13,12 @@ from torch import Tensor
 
 from dlguard._random import content_keys
 from dlguard._validation import check_values, positive_int, probability
+from dlguard.augment.follow_up_cache import FollowUpCache
 from dlguard.callbacks.base import ProbeCallback
 from dlguard.data.backgrounds import scene_backgrounds
 from dlguard.data.batch import BatchKeys
 from dlguard.data.failure_bank import FailureBank
 from dlguard.data.probe_set import ProbeSet, ProbeSetPolicy
-from dlguard.generate.object_mutations import FollowUpCache
 from dlguard.generate.object_relevancy import ObjectRelevancyRun, object_relevancy_test
 from dlguard.metrics.functional.object_relevancy import (
     class_probability_and_rank,

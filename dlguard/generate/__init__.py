@@ -6,14 +6,6 @@ from dlguard.generate.distribution import GlobalDistribution, PCADistribution, V
 from dlguard.generate.dscore import dscore_layers, logit_width, measure_dscore
 from dlguard.generate.genetic import GAResult, two_step_ga
 from dlguard.generate.hda import HDARun, hda_test, select_hda_seeds
-from dlguard.generate.object_mutations import (
-    MUTATION_FUNCTIONS,
-    FollowUpCache,
-    FollowUps,
-    MutationFunction,
-    object_follow_ups,
-    transplant,
-)
 from dlguard.generate.object_relevancy import ObjectRelevancyRun, object_relevancy_test
 from dlguard.generate.sampling import BalancedSubset, balanced_correct_subset
 from dlguard.generate.seeds import gradient_indicator, seed_scores, select_seeds, separation_indicator
@@ -21,15 +13,11 @@ from dlguard.generate.sweep import RobustnessSweep, robustness_sweep
 from dlguard.generate.transplant_attack import TRANSPLANT_STRATEGIES, TransplantAttackResult, transplant_attack
 
 __all__ = [
-    "MUTATION_FUNCTIONS",
     "TRANSPLANT_STRATEGIES",
     "BalancedSubset",
-    "FollowUpCache",
-    "FollowUps",
     "GAResult",
     "GlobalDistribution",
     "HDARun",
-    "MutationFunction",
     "ObjectRelevancyRun",
     "PCADistribution",
     "RobustnessSweep",
@@ -45,7 +33,6 @@ __all__ = [
     "hda_test",
     "logit_width",
     "measure_dscore",
-    "object_follow_ups",
     "object_relevancy_test",
     "pgd",
     "robustness_sweep",
@@ -54,7 +41,6 @@ __all__ = [
     "select_hda_seeds",
     "select_seeds",
     "separation_indicator",
-    "transplant",
     "transplant_attack",
     "two_step_ga",
 ]

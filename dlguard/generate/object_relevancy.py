@@ -14,7 +14,7 @@ from dlguard.probes.adapter import ModelAdapter
 from dlguard.probes.evaluation import evaluation
 
 if TYPE_CHECKING:
-    from dlguard.generate.object_mutations import FollowUps
+    from dlguard.augment.follow_ups import FollowUps
 
 __all__ = ["ObjectRelevancyRun", "object_relevancy_test"]
 
@@ -45,7 +45,7 @@ def object_relevancy_test(
 ) -> ObjectRelevancyRun:
     """Object relevancy ``S`` of a classifier's inferences on ``images`` from their follow-ups.
 
-    The sources and their ``F`` follow-ups each (:func:`~dlguard.generate.object_follow_ups`) go
+    The sources and their ``F`` follow-ups each (:func:`~dlguard.augment.object_follow_ups`) go
     through the model in eval mode, without gradients, in passes of at most ``max_batch`` inputs on
     the model's device; the model is left exactly as found.
 
@@ -63,7 +63,7 @@ def object_relevancy_test(
     Example:
         >>> import torch
         >>> from torch import nn
-        >>> from dlguard.generate.object_mutations import object_follow_ups
+        >>> from dlguard.augment import object_follow_ups
         >>> _ = torch.manual_seed(0)
         >>> images = torch.full((2, 3, 16, 16), 0.3)
         >>> masks = torch.zeros(2, 16, 16, dtype=torch.bool)

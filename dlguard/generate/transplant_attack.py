@@ -2,7 +2,7 @@ r"""The guided transplant attack (SPEC §3, papers/001_…): object relevancy pi
 
 For a class pair ``(y, y')``, an attempt takes a correctly classified *background* image ``x₁`` of class
 ``y`` and a correctly classified object *donor* ``x₂`` of class ``y'``, and synthesises ``x₁`` with its
-own object replaced by ``x₂``'s (:func:`~dlguard.generate.object_mutations.transplant`: the scene's object
+own object replaced by ``x₂``'s (:func:`~dlguard.augment.functional.transplant`: the scene's object
 inpainted away, the donor's object scaled into its box). Two scenarios, two ways to succeed:
 
 - **scenario 1** (the image shows a ``y'`` object, the model should say ``y'``): success when the top-1
@@ -40,7 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from dlguard._validation import check_images, check_labels, positive_int
-from dlguard.generate.object_mutations import transplant
+from dlguard.augment.functional.object_mutations import transplant
 from dlguard.metrics.functional.object_relevancy import ObjectRelevancyScores
 from dlguard.probes.adapter import ModelAdapter
 from dlguard.probes.evaluation import evaluation
@@ -290,7 +290,7 @@ def transplant_attack(
     Example:
         >>> import torch
         >>> from torch import nn
-        >>> from dlguard.generate.object_mutations import object_follow_ups
+        >>> from dlguard.augment import object_follow_ups
         >>> from dlguard.generate.object_relevancy import object_relevancy_test
         >>> _ = torch.manual_seed(0)
         >>> images = torch.zeros(4, 3, 16, 16)

@@ -118,7 +118,7 @@ class ObjectRelevancy(_RelevancyStates):
 
     ``update(logits, follow_up_logits, target, function, preserving, valid=None)`` takes the sources'
     logits ``(B, K)``, their follow-ups' logits ``(B, F, K)`` (from
-    :func:`~dlguard.generate.object_follow_ups`), the labels ``(B,)``, each follow-up's function index
+    :func:`~dlguard.augment.object_follow_ups`), the labels ``(B,)``, each follow-up's function index
     ``(F,)`` and type ``(F,)`` and which follow-ups exist ``(B, F)``; see
     :func:`~dlguard.metrics.functional.object_relevancy.object_relevancy` for the formulas. An
     inference is *unreliable* when it is correct, ``p ≥ p_high`` and ``S < s_low``;

@@ -6,7 +6,11 @@ from typing import Any
 
 import pytest
 import torch
+from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from dlguard.augment import FollowUps
+from tests.augment.objects import textured_objects
 
 # what .item(), bool(t), int(t), t.tolist() (on a device), torch.equal, nonzero, unique and masked selection dispatch to
 _READS = {
@@ -52,3 +56,9 @@ class HostSyncRecorder(TorchDispatchMode):
 def host_syncs() -> type[HostSyncRecorder]:
     """``with host_syncs() as syncs: ...`` then ``syncs.calls`` lists the would-be host syncs."""
     return HostSyncRecorder
+
+
+@pytest.fixture(scope="module")
+def textured() -> tuple[Tensor, Tensor, Tensor, FollowUps]:
+    """Images with round objects, backgrounds and the follow-ups (:func:`~tests.augment.objects.textured_objects`)."""
+    return textured_objects()

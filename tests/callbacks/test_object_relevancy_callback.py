@@ -12,9 +12,10 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from dlguard._random import content_keys
+from dlguard.augment import object_follow_ups
 from dlguard.callbacks import FailureReplay, ObjectRelevancyCallback
 from dlguard.data import MNISTDataModule, SceneDataModule
-from dlguard.generate import object_follow_ups, object_relevancy_test
+from dlguard.generate import object_relevancy_test
 from dlguard.metrics.functional import unreliable
 from dlguard.zoo import ClassifierModule, mnist_a, pretrained
 from tests.callbacks.projects import DigitDicts, NormalizedDigits, normalize

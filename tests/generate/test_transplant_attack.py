@@ -8,9 +8,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.transforms import Normalize
 
+from dlguard.augment import object_follow_ups
+from dlguard.augment.functional import transplant
 from dlguard.data.backgrounds import scene_backgrounds
 from dlguard.data.scenes import make_scenes
-from dlguard.generate.object_mutations import object_follow_ups, transplant
 from dlguard.generate.object_relevancy import object_relevancy_test
 from dlguard.generate.transplant_attack import TransplantAttackResult, transplant_attack
 from dlguard.metrics.functional.object_relevancy import ObjectRelevancyScores

@@ -4,10 +4,13 @@ Images ``(B, C, H, W)`` in ``[0, 1]`` for every op but ``gaussian_noise`` and ``
 which take any float tensor ``(B, ...)`` and a ``value_range`` (``None`` for unbounded values).
 Checks that read values (range, NaN) run on every call; callers on a training path validate once.
 ``FOG_DENSITY`` and the ``RAIN_*`` tables hold the parameters of the weather's five severities.
+The object ops (``follow_up_images``, ``transplant``, SPEC §3) also take each image's object mask and run
+OpenCV on the CPU, image by image in a thread pool; they always read values.
 """
 
 from dlguard.augment.functional.blur import bilateral_blur, box_blur, gaussian_blur, median_blur
 from dlguard.augment.functional.geometric import rotation, scaling, shearing, translation
+from dlguard.augment.functional.object_mutations import FILL_COLORS, follow_up_images, transplant
 from dlguard.augment.functional.padding import pad_resize, pad_resize_matrix
 from dlguard.augment.functional.photometric import brightness_scale, brightness_shift, contrast, gaussian_noise
 from dlguard.augment.functional.translate import pad_to_region, region_translations
@@ -24,6 +27,7 @@ from dlguard.augment.functional.weather import (
 )
 
 __all__ = [
+    "FILL_COLORS",
     "FOG_DENSITY",
     "RAIN_BLUR",
     "RAIN_DARKENING",
@@ -35,6 +39,7 @@ __all__ = [
     "brightness_shift",
     "contrast",
     "fog",
+    "follow_up_images",
     "gaussian_blur",
     "gaussian_noise",
     "median_blur",
@@ -49,4 +54,5 @@ __all__ = [
     "scaling",
     "shearing",
     "translation",
+    "transplant",
 ]
