@@ -1,6 +1,7 @@
 """Model surgery as context managers that leave no trace (SPEC §0)."""
 
 from dlguard.probes.adapter import ModelAdapter
+from dlguard.probes.budget import ACTIVATION_BUDGET, default_max_batch
 from dlguard.probes.capture import capture_activations
 from dlguard.probes.evaluation import evaluation, is_probing, model_device
 from dlguard.probes.intervene import intervene
@@ -9,10 +10,12 @@ from dlguard.probes.neurons import NEURON_LAYER_TYPES, neuron_layers, neuron_out
 from dlguard.probes.region_deletion import deletion_mutant_logits, region_keep_masks
 
 __all__ = [
+    "ACTIVATION_BUDGET",
     "NEURON_LAYER_TYPES",
     "LayerSpec",
     "ModelAdapter",
     "capture_activations",
+    "default_max_batch",
     "deletion_mutant_logits",
     "evaluation",
     "intervene",

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from dlguard._validation import check_logits, positive_int
+from dlguard.probes.budget import default_max_batch
 from dlguard.probes.evaluation import model_device
 
 __all__ = ["ModelAdapter"]
@@ -61,6 +62,11 @@ class ModelAdapter:
                 raise ValueError(f"{name}: expected a callable or None, got {type(value).__name__}")
         self.model, self.preprocess, self.output_transform = model, preprocess, output_transform
 
+    @classmethod
+    def wrap(cls, model: nn.Module | ModelAdapter) -> ModelAdapter:
+        """``model`` itself when it is an adapter, else a plain adapter around it (no preprocess or transform)."""
+        return model if isinstance(model, ModelAdapter) else cls(model)
+
     @property
     def device(self) -> torch.device:
         """The model's device."""
@@ -95,6 +101,19 @@ class ModelAdapter:
     def __call__(self, inputs: Tensor) -> Tensor:
         """The model's (transformed) output on ``inputs`` in pixel space."""
         return self.finish(self.model(self.prepare(inputs)))
+
+    def rows_per_pass(self, inputs: Tensor, max_batch: int | None = None) -> int:
+        """``max_batch`` when given, else the rows whose largest layer output fits a memory budget.
+
+        The one meaning of ``max_batch=None`` in every dlguard generator and callback:
+        :func:`~dlguard.probes.default_max_batch` of the prepared inputs (8 MiB of the largest layer
+        output on CPU, 2 GiB on CUDA), measured with one input (run it under
+        :func:`~dlguard.probes.evaluation`).
+        """
+        if max_batch is not None:
+            return positive_int("max_batch", max_batch)
+        with torch.no_grad():
+            return default_max_batch(self.model, self.prepare(inputs[:1]))
 
     def logits(self, inputs: Tensor, max_batch: int | None = None, num_classes: int | None = None) -> Tensor:
         """Logits ``(B, K)`` in passes of at most ``max_batch`` inputs, checked for shape.

@@ -9,33 +9,12 @@ import torch
 from torch import Tensor, nn
 
 from dlguard._validation import check_grid
-from dlguard.probes.capture import capture_activations
+from dlguard.probes.budget import default_max_batch
 from dlguard.probes.evaluation import evaluation
 from dlguard.probes.intervene import intervene
 from dlguard.probes.layers import LayerSpec, resolve_layers, select_layers
 
-__all__ = ["default_max_batch", "deletion_mutant_logits", "region_keep_masks"]
-
-
-_ACTIVATION_BUDGET = {"cuda": 2 << 30, "cpu": 8 << 20}  # bytes of the largest conv output per pass
-
-
-def default_max_batch(model: nn.Module, images: Tensor, layers: dict[str, nn.Module]) -> int:
-    """Rows per forward pass that keep the largest selected conv output within a memory budget.
-
-    The budget is 8 MiB on CPU and 2 GiB on CUDA. Measured with ``benchmarks/dscore.py`` on
-    2 CPU cores (4 MiB L2): the fastest pass size tracks activation size, about 128 rows for
-    ``mnist_b`` (86 KB per image at ``conv1``) and 512 for ``mnist_a`` (14 KB), which this
-    budget reproduces; larger passes are memory-bound and slower per image. A GPU gains from
-    the largest batch that fits.
-    """
-    if len(images) == 0:
-        return 1
-    with capture_activations(model, layers) as acts, torch.no_grad():
-        model(images[:1])
-    per_image = max(t[0].numel() * t[0].element_size() for outputs in acts.values() for t in outputs)
-    budget = _ACTIVATION_BUDGET["cuda" if images.device.type == "cuda" else "cpu"]
-    return max(1, budget // per_image)
+__all__ = ["deletion_mutant_logits", "region_keep_masks"]
 
 
 def _region_bounds(size: int, n: int) -> list[int]:
@@ -85,7 +64,8 @@ def deletion_mutant_logits(
         images: ``(B, C, H, W)`` on the model's device.
         n: grid size (``n >= 2``).
         layers: conv layers to mutate; default every ``Conv2d``.
-        max_batch: upper bound of the rows of one forward pass (default: :func:`default_max_batch`).
+        max_batch: upper bound of the rows of one forward pass (default: a memory budget,
+            :func:`~dlguard.probes.default_max_batch`).
         output_transform: adapts the model's output to logits.
 
     Example:

@@ -84,7 +84,7 @@ def test_bad_input() -> None:
 
 
 def test_default_pass_size_keeps_the_largest_conv_output_within_budget() -> None:
-    from dlguard.probes.region_deletion import default_max_batch
+    from dlguard.probes import default_max_batch
     from dlguard.zoo import mnist_a
 
     images = torch.rand(3, 1, 28, 28)
