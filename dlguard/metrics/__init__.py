@@ -18,14 +18,13 @@ from dlguard.metrics.functional.coverage import NeuronRange
 from dlguard.metrics.global_robustness import EmpiricalGlobalRobustness
 from dlguard.metrics.latent_fid import LatentFeatures, LatentFrechetDistance, latent_frechet_distance
 from dlguard.metrics.metamorphic import MetamorphicViolations
-from dlguard.metrics.object_relevancy import DetectionObjectRelevancy, ObjectRelevancy
+from dlguard.metrics.object_relevancy import ObjectRelevancy
 from dlguard.metrics.robustness import AdderGlobalRobustness, LocalRobustness
 
 __all__ = [
     "AEQuality",
     "AdderGlobalRobustness",
     "DScore",
-    "DetectionObjectRelevancy",
     "EmpiricalGlobalRobustness",
     "KMultisectionCoverage",
     "LatentFeatures",

@@ -73,11 +73,10 @@ class _LayerCoverage(Metric):
         self._bounds = bounds
         for state in self._states:
             self.add_state(state, torch.zeros(start * self._slots, dtype=torch.long), dist_reduce_fx="sum")
-        # each layer's last neuron and number of slots (integers: moving the metric to a dtype leaves them be),
-        # so that compute finds every layer's ratio in a few ops, however many layers
-        self.register_buffer("_last", torch.tensor([stop - 1 for _, stop in bounds.values()]), persistent=False)
-        slots = [(stop - first) * self._slots * len(self._states) for first, stop in bounds.values()]
-        self.register_buffer("_layer_slots", torch.tensor(slots), persistent=False)
+        # each layer's last neuron and number of slots, so that compute finds every layer's ratio in a few ops,
+        # however many layers; plain integers, not buffers: set_dtype(torch.float64) casts every buffer
+        self._last = [stop - 1 for _, stop in bounds.values()]
+        self._layer_slots = [(stop - first) * self._slots * len(self._states) for first, stop in bounds.values()]
 
     def _values(self, name: str, activation: Tensor) -> Tensor:
         return neuron_values(activation)
@@ -137,8 +136,10 @@ class _LayerCoverage(Metric):
         total = covered.sum().double() / covered.numel()
         if not self.per_layer:
             return total
-        ends = covered.sum(dim=1).cumsum(dim=0)[self._last]  # slots covered up to each layer's end
-        layers = ends.diff(prepend=ends.new_zeros(1)).double() / self._layer_slots.double()
+        last = torch.tensor(self._last, device=covered.device)
+        ends = covered.sum(dim=1).cumsum(dim=0)[last]  # slots covered up to each layer's end
+        slots = torch.tensor(self._layer_slots, device=covered.device, dtype=torch.float64)
+        layers = ends.diff(prepend=ends.new_zeros(1)).double() / slots
         return {"all": total} | dict(zip(self._bounds, layers.unbind(), strict=True))
 
 

@@ -52,30 +52,36 @@ def _numbers(name: str, values: object, strict: bool) -> tuple[float, ...]:
     return tuple(float(v) for v in values)
 
 
-def _check_transformations(transformations: object) -> dict[str, tuple[float | int, ...]]:
-    """``{name: parameter values}``: names distinct and not ``"total"``, values finite and distinct."""
-    if not isinstance(transformations, Mapping) or not transformations:
+def _check_properties(properties: object) -> dict[str, tuple[float | int, ...]]:
+    """``{name: parameter values}`` from a mapping or from properties (``.name``, ``.levels``).
+
+    Names distinct and not ``"total"``, values finite and distinct.
+    """
+    if isinstance(properties, Sequence) and not isinstance(properties, str) and properties:
+        names = [getattr(p, "name", None) for p in properties]
+        if len(set(names)) != len(names):
+            raise ValueError(f"properties: expected distinct names, got {names}")
+        properties = {getattr(p, "name", p): getattr(p, "levels", None) for p in properties}
+    if not isinstance(properties, Mapping) or not properties:
         raise ValueError(
-            "transformations: expected a non-empty mapping {name: parameter values}, e.g. "
-            f"{{'rotation': (3.0, 6.0)}}, got {transformations!r}"
+            "properties: expected a non-empty list of dlguard.augment.Property or a mapping {name: parameter "
+            f"values}}, e.g. {{'rotation': (3.0, 6.0)}}, got {properties!r}"
         )
     checked = {}
-    for name, values in transformations.items():
+    for name, values in properties.items():
         if not isinstance(name, str) or not name or name == _TOTAL:
-            raise ValueError(f"transformations: expected transformation names other than {_TOTAL!r}, got {name!r}")
+            raise ValueError(f"properties: expected names other than {_TOTAL!r}, got {name!r}")
         if isinstance(values, Tensor):
             values = values.tolist() if values.ndim == 1 else values
         if isinstance(values, str) or not isinstance(values, Sequence) or not values:
-            raise ValueError(
-                f"transformations: {name!r} needs a non-empty sequence of parameter values, got {values!r}"
-            )
+            raise ValueError(f"properties: {name!r} needs a non-empty sequence of parameter values, got {values!r}")
         for v in values:
             if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(v):
-                raise ValueError(f"transformations: {name!r} has a parameter {v!r}; expected finite numbers")
+                raise ValueError(f"properties: {name!r} has a parameter {v!r}; expected finite numbers")
         for i, v in enumerate(values):
             for w in values[:i]:
                 if math.isclose(v, w, rel_tol=_REL_TOL):
-                    raise ValueError(f"transformations: {name!r} lists the parameter {v!r} twice ({list(values)})")
+                    raise ValueError(f"properties: {name!r} lists the parameter {v!r} twice ({list(values)})")
         checked[name] = tuple(int(v) if isinstance(v, Integral) else float(v) for v in values)
     return checked
 
@@ -83,8 +89,10 @@ def _check_transformations(transformations: object) -> dict[str, tuple[float | i
 class MetamorphicViolations(Metric):
     r"""Violations of a metamorphic relation (SPEC §2) per transformation, parameter, ``λ`` and ``ε``.
 
-    ``update(transformed_outputs, transformation, parameter, source_outputs=None, target=None,
-    mse_orig=None)`` adds one batch of inputs transformed by ``transformation`` at ``parameter``:
+    ``update(transformed_outputs, property, parameter, source_outputs=None, target=None,
+    mse_orig=None)`` adds one batch of inputs transformed by ``property`` at ``parameter`` (with
+    ``parameter=None``, ``transformed_outputs`` stacks the outputs at every parameter of the property,
+    ``(P, B, ...)``, as :class:`~dlguard.generate.MetamorphicRun` holds them):
 
     - ``task="classification"``: ``transformed_outputs`` and ``source_outputs`` are logits ``(B, K)``;
       a violation is a changed label (``target`` and ``mse_orig`` are not read).
@@ -94,7 +102,7 @@ class MetamorphicViolations(Metric):
       value, and ``compute()`` refuses updates that got different ones); a violation for ``λ`` is
       ``(ŷ' − y)² > λ·MSE_orig`` (eq. 2). ``source_outputs`` is optional (checked when given, not read).
 
-    ``parameter`` names one of the transformation's values: a float is matched to a value with
+    ``parameter`` names one of the property's values: a float is matched to a value with
     ``math.isclose`` (relative tolerance ``1e-6``); an int is the value's index, except where the
     values were given as ints and it equals one of them (then it is that value; an int that is a
     value and the index of another value is refused as ambiguous).
@@ -104,7 +112,7 @@ class MetamorphicViolations(Metric):
     squared errors; ``MSE_orig`` is kept by ``max`` and by ``min`` (to see that every update got the
     same). The eq. 3 filter is applied in ``compute()`` to the reduced counts.
 
-    ``compute()`` returns ``{name: {...}, ..., "total": {...}}`` with, per transformation name (``P``
+    ``compute()`` returns ``{name: {...}, ..., "total": {...}}`` with, per property name (``P``
     its parameters, ``L = len(lambdas)``, ``E = len(epsilons)``):
 
     - ``"inputs"``: ``(P,)`` int64, transformed inputs added;
@@ -122,7 +130,8 @@ class MetamorphicViolations(Metric):
     squeezes one-element results to 0-d, and this metric gives them their shapes back.
 
     Args:
-        transformations: ``{name: parameter values}``, e.g. ``{p.name: p.levels for p in deeptest_properties()}``.
+        properties: the transformations: :class:`~dlguard.augment.Property` objects (their ``levels``
+            are the parameters), or a mapping ``{name: parameter values}``.
         task: ``"classification"`` or ``"regression"``.
         lambdas: the ``λ > 0`` of eq. 2 (regression; the paper's 1–10).
         epsilons: the ``ε ≥ 0`` of eq. 3 (regression; the paper's 0.01–0.1).
@@ -159,7 +168,7 @@ class MetamorphicViolations(Metric):
 
     def __init__(
         self,
-        transformations: Mapping[str, Sequence[float]],
+        properties: Sequence[Any] | Mapping[str, Sequence[float]],
         task: str = "regression",
         lambdas: Sequence[float] = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10),
         epsilons: Sequence[float] = (0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.09, 0.1),
@@ -167,17 +176,17 @@ class MetamorphicViolations(Metric):
         **kwargs: Any,
     ) -> None:
         self.task = _check_task(task)
-        self.transformations = _check_transformations(transformations)
+        self.properties = _check_properties(properties)
         self.lambdas = _numbers("lambdas", lambdas, strict=True)
         self.epsilons = _numbers("epsilons", epsilons, strict=False)
         if isinstance(unfiltered, str) or not isinstance(unfiltered, Sequence):
             raise ValueError(f"unfiltered: expected a sequence of transformation names, got {unfiltered!r}")
         self.unfiltered = tuple(unfiltered)
-        self.filtered = {name: is_filtered(name, self.unfiltered) for name in self.transformations}
+        self.filtered = {name: is_filtered(name, self.unfiltered) for name in self.properties}
         super().__init__(**kwargs)
         self._rows: dict[str, tuple[int, int]] = {}
         start = 0
-        for name, values in self.transformations.items():
+        for name, values in self.properties.items():
             self._rows[name] = (start, start + len(values))
             start += len(values)
         long = torch.long
@@ -208,7 +217,7 @@ class MetamorphicViolations(Metric):
         regression = self.task == "regression"
         counts = (lambdas, epsilons) if regression else ()
         shapes: dict[str, dict[str, tuple[int, ...]]] = {}
-        for name, values in self.transformations.items():
+        for name, values in self.properties.items():
             p = len(values)
             shapes[name] = {"inputs": (p,), "violations": (p, *counts), "rate": (p, *counts)}
             if regression:
@@ -226,15 +235,13 @@ class MetamorphicViolations(Metric):
             for name, entry in result.items()
         }
 
-    def _row(self, transformation: object, parameter: object) -> int:
-        """The state row of ``(transformation, parameter)`` (rules in the class docstring)."""
-        if not isinstance(transformation, str) or transformation not in self.transformations:
-            raise ValueError(
-                f"transformation: unknown {transformation!r}; known transformations: {list(self.transformations)}"
-            )
-        values = self.transformations[transformation]
-        start = self._rows[transformation][0]
-        expected = f"one of {transformation!r}'s values {list(values)} or an index in [0, {len(values)})"
+    def _row(self, prop: object, parameter: object) -> int:
+        """The state row of ``(property, parameter)`` (rules in the class docstring)."""
+        if not isinstance(prop, str) or prop not in self.properties:
+            raise ValueError(f"property: unknown {prop!r}; known properties: {list(self.properties)}")
+        values = self.properties[prop]
+        start = self._rows[prop][0]
+        expected = f"one of {prop!r}'s values {list(values)} or an index in [0, {len(values)})"
         if isinstance(parameter, Tensor):
             if parameter.numel() != 1 or parameter.dtype == torch.bool or parameter.is_complex():
                 raise ValueError(f"parameter: expected {expected}, got a tensor of shape {tuple(parameter.shape)}")
@@ -248,7 +255,7 @@ class MetamorphicViolations(Metric):
             as_index = p if 0 <= p < len(values) else None
             if as_value and as_index is not None and as_value[0] != as_index:
                 raise ValueError(
-                    f"parameter: {p} is ambiguous for {transformation!r}: the value at index {as_value[0]} and the "
+                    f"parameter: {p} is ambiguous for {prop!r}: the value at index {as_value[0]} and the "
                     f"index of the value {values[p]}; give the values as floats to pass indices"
                 )
             if as_value:
@@ -264,14 +271,36 @@ class MetamorphicViolations(Metric):
     def update(
         self,
         transformed_outputs: Tensor,
-        transformation: str,
-        parameter: float | int,
+        property: str,
+        parameter: float | int | None = None,
         source_outputs: Tensor | None = None,
         target: Tensor | None = None,
         mse_orig: float | Tensor | None = None,
     ) -> None:
-        """Add one batch transformed by ``transformation`` at ``parameter`` (arguments as in the class docstring)."""
-        row = self._row(transformation, parameter)
+        """Add one batch transformed by ``property`` at ``parameter`` (arguments as in the class docstring)."""
+        if parameter is not None:
+            self._add(self._row(property, parameter), transformed_outputs, source_outputs, target, mse_orig)
+            return
+        if not isinstance(property, str) or property not in self.properties:
+            raise ValueError(f"property: unknown {property!r}; known properties: {list(self.properties)}")
+        start, stop = self._rows[property]
+        if not isinstance(transformed_outputs, Tensor) or len(transformed_outputs) != stop - start:
+            shape = tuple(transformed_outputs.shape) if isinstance(transformed_outputs, Tensor) else transformed_outputs
+            raise ValueError(
+                f"transformed_outputs: expected the outputs at {property!r}'s {stop - start} parameters stacked "
+                f"(P, B, ...) when no parameter is given, got {shape}"
+            )
+        for row, outputs in zip(range(start, stop), transformed_outputs, strict=True):
+            self._add(row, outputs, source_outputs, target, mse_orig)
+
+    def _add(
+        self,
+        row: int,
+        transformed_outputs: Tensor,
+        source_outputs: Tensor | None,
+        target: Tensor | None,
+        mse_orig: float | Tensor | None,
+    ) -> None:
         device = self.inputs.device
         if self.task == "classification":
             if source_outputs is None:

@@ -1,14 +1,14 @@
-"""Object relevancy (SPEC §3) as torchmetrics metrics, for classifiers and for detectors.
+"""Object relevancy (SPEC §3) as a torchmetrics metric, for classifiers and for detectors.
 
-Both metrics keep the same sum-reduced states -- sums of ``S``, ``S⁺``, ``S⁻`` and of each mutation
-function's scores, counts of inferences, of correct ones and of unreliable ones, and a histogram of
-``S`` -- so N processes report what one process reports for the same inputs. The maths lives in
-:mod:`dlguard.metrics.functional.object_relevancy`.
+The metric keeps sum-reduced states -- sums of ``S``, ``S⁺``, ``S⁻`` and of each mutation function's
+scores, counts of inferences, of correct ones and of unreliable ones, and a histogram of ``S`` -- so N
+processes report what one process reports for the same inputs. The scores are made once by the
+functional maths (:mod:`dlguard.metrics.functional.object_relevancy`): the metric only adds them up.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -16,19 +16,49 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from dlguard._validation import positive_int, probability
-from dlguard.metrics.functional.object_relevancy import (
-    OBJECT_MUTATION_FUNCTIONS,
-    ObjectRelevancyScores,
-    detection_relevancy,
-    object_relevancy,
-    unreliable,
-)
+from dlguard.metrics.functional.object_relevancy import OBJECT_MUTATION_FUNCTIONS, ObjectRelevancyScores, unreliable
 
-__all__ = ["DetectionObjectRelevancy", "ObjectRelevancy"]
+__all__ = ["ObjectRelevancy"]
 
 
-class _RelevancyStates(Metric):
-    """States and ``compute`` shared by the classification and the detection metric."""
+class ObjectRelevancy(Metric):
+    r"""Object relevancy ``S = (S⁺ + S⁻)/2`` of a model's inferences, and the share that is unreliable.
+
+    ``update(scores)`` adds the :class:`~dlguard.metrics.functional.ObjectRelevancyScores` of ``R``
+    inferences, scored once by :func:`~dlguard.metrics.functional.object_relevancy` (a classifier's
+    logits on its sources and their follow-ups) or
+    :func:`~dlguard.metrics.functional.detection_relevancy` (a detector's records); see there for the
+    formulas. An inference is *unreliable* when it is correct, ``p ≥ p_high`` and ``S < s_low``;
+    ``unreliable_rate`` is their share among the correct inferences (the paper's 5.3--6.7 % of correct
+    ImageNet classifications).
+
+    ``compute()`` returns a dict: ``score``, ``preserving``, ``removing``, ``unreliable_rate`` (float64
+    scalars; ``unreliable_rate`` NaN without a correct inference), ``unreliable`` and ``inferences``
+    (counts), ``per_function`` (mean ``s⁺``/``s⁻`` of each mutation function, by name) and
+    ``histogram`` (``bins`` counts of ``S`` over ``[0, 1]``). States are sums, reduced by sum, so N
+    processes report what one process reports for the same inputs.
+
+    Args:
+        p_high: confidence from which a correct inference can be unreliable.
+        s_low: object relevancy below which a confident correct inference is unreliable.
+        functions: the mutation functions' names, indexed by the scores' ``per_function`` columns.
+        bins: bins of the histogram of ``S``.
+
+    Example:
+        >>> import torch
+        >>> from dlguard.metrics.functional import object_relevancy
+        >>> logits = torch.tensor([[5.0, 0.0, 0.0], [5.0, 0.0, 0.0]])
+        >>> reads_object = torch.stack([logits[0], logits[0].flip(0)])  # same on a new background; gone when removed
+        >>> reads_background = torch.stack([logits[0].flip(0), logits[0]])  # the opposite
+        >>> function, preserving = torch.tensor([0, 3]), torch.tensor([True, False])
+        >>> scores = object_relevancy(logits, torch.stack([reads_object, reads_background]), torch.tensor([0, 0]),
+        ...                           function, preserving)
+        >>> metric = ObjectRelevancy()
+        >>> metric.update(scores)
+        >>> result = metric.compute()
+        >>> round(float(result["score"]), 4), int(result["unreliable"]), round(float(result["unreliable_rate"]), 4)
+        (0.5017, 1, 0.5)
+    """
 
     is_differentiable = False
     higher_is_better = True
@@ -68,22 +98,28 @@ class _RelevancyStates(Metric):
         self.add_state("function_count", torch.zeros(width, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("histogram", torch.zeros(self.bins, dtype=torch.float64), dist_reduce_fx="sum")
 
-    def _add(self, scores: ObjectRelevancyScores) -> None:
+    def update(self, scores: ObjectRelevancyScores) -> None:
+        """Add the scores of ``R`` inferences (from ``object_relevancy`` or ``detection_relevancy``)."""
+        if not isinstance(scores, ObjectRelevancyScores):
+            raise ValueError(
+                "scores: expected ObjectRelevancyScores (dlguard.metrics.functional.object_relevancy or "
+                f"detection_relevancy), got {type(scores).__name__}"
+            )
         device = self.inferences.device
         s = scores.score.to(device, torch.float64)
         flagged = unreliable(scores, self.p_high, self.s_low).to(device)
+        per_function = scores.per_function.to(device, torch.float64)
+        if per_function.shape[1] > len(self.functions):
+            raise ValueError(
+                f"scores: per_function has {per_function.shape[1]} functions, but the metric knows "
+                f"{len(self.functions)} {list(self.functions)}; pass functions=... with every function's name"
+            )
         self.inferences += len(s)
         self.correct += scores.correct.to(device).sum()
         self.unreliable += flagged.sum()
         self.score_sum += s.sum()
         self.preserving_sum += scores.preserving.to(device, torch.float64).sum()
         self.removing_sum += scores.removing.to(device, torch.float64).sum()
-        per_function = scores.per_function.to(device, torch.float64)
-        if per_function.shape[1] > len(self.functions):
-            raise ValueError(
-                f"function: indices reach {per_function.shape[1] - 1}, but the metric knows {len(self.functions)} "
-                f"functions {list(self.functions)}; pass functions=... with every function's name"
-            )
         seen = ~torch.isnan(per_function)
         width = per_function.shape[1]
         self.function_sum[:width] += torch.where(seen, per_function, torch.zeros_like(per_function)).sum(0)
@@ -111,131 +147,3 @@ class _RelevancyStates(Metric):
             "per_function": dict(zip(self.functions, per_function, strict=True)),
             "histogram": self.histogram,
         }
-
-
-class ObjectRelevancy(_RelevancyStates):
-    r"""Object relevancy ``S = (S⁺ + S⁻)/2`` of a classifier's inferences, and the share that is unreliable.
-
-    ``update(logits, follow_up_logits, target, function, preserving, valid=None)`` takes the sources'
-    logits ``(B, K)``, their follow-ups' logits ``(B, F, K)`` (from
-    :func:`~dlguard.augment.object_follow_ups`), the labels ``(B,)``, each follow-up's function index
-    ``(F,)`` and type ``(F,)`` and which follow-ups exist ``(B, F)``; see
-    :func:`~dlguard.metrics.functional.object_relevancy.object_relevancy` for the formulas. An
-    inference is *unreliable* when it is correct, ``p ≥ p_high`` and ``S < s_low``;
-    ``unreliable_rate`` is their share among the correct inferences (the paper's 5.3--6.7 % of correct
-    ImageNet classifications).
-
-    ``compute()`` returns a dict: ``score``, ``preserving``, ``removing``, ``unreliable_rate`` (float64
-    scalars), ``unreliable`` and ``inferences`` (counts), ``per_function`` (mean ``s⁺``/``s⁻`` of each
-    mutation function, by name) and ``histogram`` (``bins`` counts of ``S`` over ``[0, 1]``).
-
-    Args:
-        num_classes: ``K``, the width of the logits.
-        p_high: confidence from which a correct inference can be unreliable.
-        s_low: object relevancy below which a confident correct inference is unreliable.
-        functions: the mutation functions' names, indexed by ``function``.
-        bins: bins of the histogram of ``S``.
-
-    Example:
-        >>> import torch
-        >>> _ = torch.manual_seed(0)
-        >>> metric = ObjectRelevancy(num_classes=3)
-        >>> logits = torch.tensor([[5.0, 0.0, 0.0], [5.0, 0.0, 0.0]])
-        >>> reads_object = torch.stack([logits[0], logits[0].flip(0)])  # same on a new background; gone when removed
-        >>> reads_background = torch.stack([logits[0].flip(0), logits[0]])  # the opposite
-        >>> function, preserving = torch.tensor([0, 3]), torch.tensor([True, False])
-        >>> metric.update(logits, torch.stack([reads_object, reads_background]), torch.tensor([0, 0]),
-        ...               function, preserving)
-        >>> result = metric.compute()
-        >>> round(float(result["score"]), 4), int(result["unreliable"]), round(float(result["unreliable_rate"]), 4)
-        (0.5017, 1, 0.5)
-    """
-
-    def __init__(
-        self,
-        num_classes: int,
-        p_high: float = 0.9,
-        s_low: float = 0.5,
-        functions: Sequence[str] = OBJECT_MUTATION_FUNCTIONS,
-        bins: int = 10,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(p_high, s_low, functions, bins, **kwargs)
-        self.num_classes = positive_int("num_classes", num_classes, minimum=2)
-
-    def update(
-        self,
-        logits: Tensor,
-        follow_up_logits: Tensor,
-        target: Tensor,
-        function: Tensor,
-        preserving: Tensor,
-        valid: Tensor | None = None,
-    ) -> None:
-        """Add ``B`` inferences and their follow-ups (shapes as in the class docstring)."""
-        if isinstance(logits, Tensor) and logits.ndim == 2 and logits.shape[1] != self.num_classes:
-            raise ValueError(f"logits: expected {self.num_classes} classes (num_classes), got {logits.shape[1]}")
-        self._add(object_relevancy(logits, follow_up_logits, target, function, preserving, valid, len(self.functions)))
-
-
-class DetectionObjectRelevancy(_RelevancyStates):
-    """Object relevancy of a detector's records (torchvision detection output), SPEC §3's detection variant.
-
-    ``update(detections, follow_up_detections, targets, object_index, function, preserving, valid=None)``
-    takes, per mutated object ``b``, the source image's detections, its ``F`` follow-ups' detections,
-    the image's ground truth and which of its objects was mutated; see
-    :func:`~dlguard.metrics.functional.object_relevancy.detection_relevancy`. Every record associated
-    with a mutated object is one inference; a record is correct when its IoU with its object is at
-    least ``iou_threshold`` and confident when its score is at least ``p_high``.
-
-    ``compute()`` returns the same dict as :class:`ObjectRelevancy`.
-
-    Example:
-        >>> import torch
-        >>> box = torch.tensor([[10.0, 10.0, 30.0, 30.0]])
-        >>> found = {"boxes": box, "labels": torch.tensor([3]), "scores": torch.tensor([0.95])}
-        >>> lost = {"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.long), "scores": torch.zeros(0)}
-        >>> metric = DetectionObjectRelevancy()
-        >>> target = {"boxes": box, "labels": torch.tensor([3])}
-        >>> metric.update([found], [[found, lost]], [target], torch.tensor([0]), torch.tensor([0, 3]),
-        ...               torch.tensor([True, False]))
-        >>> result = metric.compute()
-        >>> float(result["score"]), int(result["unreliable"])  # kept when preserved, gone when removed
-        (1.0, 0)
-    """
-
-    def __init__(
-        self,
-        p_high: float = 0.9,
-        s_low: float = 0.5,
-        iou_threshold: float = 0.5,
-        functions: Sequence[str] = OBJECT_MUTATION_FUNCTIONS,
-        bins: int = 10,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(p_high, s_low, functions, bins, **kwargs)
-        self.iou_threshold = probability("iou_threshold", iou_threshold)
-
-    def update(
-        self,
-        detections: Sequence[Mapping[str, Tensor]],
-        follow_up_detections: Sequence[Sequence[Mapping[str, Tensor]]],
-        targets: Sequence[Mapping[str, Tensor]],
-        object_index: Tensor,
-        function: Tensor,
-        preserving: Tensor,
-        valid: Tensor | None = None,
-    ) -> None:
-        """Add the records associated with ``B`` mutated objects (arguments as in the class docstring)."""
-        scores = detection_relevancy(
-            detections,
-            follow_up_detections,
-            targets,
-            object_index,
-            function,
-            preserving,
-            valid,
-            self.iou_threshold,
-            len(self.functions),
-        )
-        self._add(scores)

@@ -79,8 +79,9 @@ class _PerProperty(Metric):
 class LocalRobustness(_PerProperty):
     """``LR_{c,p}`` per property, severity and class, ``LR_p``, and mean true-label confidence.
 
-    ``update(logits, target, property)`` takes the model's logits ``(levels, B, K)`` on the same
-    inputs perturbed at every level of one property. States are per (property, level, class)
+    ``update(logits, target, property)`` takes the model's logits ``(L, B, K)`` on the same inputs
+    perturbed at each of the property's ``L ≤ levels`` levels (a property may have fewer levels than
+    the widest; its results then cover its own ``L``). States are per (property, level, class)
     counts and confidence sums, reduced by sum across processes.
 
     Args:
@@ -114,20 +115,24 @@ class LocalRobustness(_PerProperty):
         """Add the logits ``(levels, B, K)`` of one property's sweep (its name or object) over labels ``target``."""
         index = self._index(property)
         property = self.properties[index]
-        if isinstance(logits, Tensor) and logits.ndim == 3 and logits.shape[0] != self.levels:
-            raise ValueError(f"logits: expected {self.levels} levels for {property!r}, got {logits.shape[0]}")
+        if isinstance(logits, Tensor) and logits.ndim == 3 and not 0 < logits.shape[0] <= self.levels:
+            raise ValueError(f"logits: expected 1 to {self.levels} levels for {property!r}, got {logits.shape[0]}")
         correct, total, confidence = _local_robustness_update(logits, target, self.num_classes)
-        self.correct[index] += correct
-        self.total[index] += total.expand_as(correct)
-        self.confidence[index] += confidence.double()
+        levels = len(correct)
+        self.correct[index, :levels] += correct
+        self.total[index, :levels] += total.expand_as(correct)
+        self.confidence[index, :levels] += confidence.double()
 
     def compute(self) -> dict[str, LocalRobustnessResult]:
-        """``{property: LocalRobustnessResult}`` for every property that received inputs."""
+        """``{property: LocalRobustnessResult}`` over the levels that received inputs, for every property that did."""
         results = {}
         for index, name in enumerate(self.properties):
-            if self.total[index].sum() > 0:
+            levels = int((self.total[index].sum(dim=1) > 0).sum())  # a prefix: a property's levels come together
+            if levels:
                 total = self.total[index][0]
-                results[name] = _local_robustness_compute(self.correct[index], total, self.confidence[index])
+                results[name] = _local_robustness_compute(
+                    self.correct[index, :levels], total, self.confidence[index, :levels]
+                )
         if not results:
             raise ValueError("LocalRobustness: no inputs were added")
         return results
@@ -155,7 +160,7 @@ class LocalRobustness(_PerProperty):
         levels = None
         if curves and all(name in self.level_values for name in curves):
             levels = {name: self.level_values[name] for name in curves}
-            curves = {name: values[: len(levels[name])] for name, values in curves.items()}  # padded levels
+            curves = {name: values[: len(levels[name])] for name, values in curves.items()}
         figure = plot_robustness_curves(curves, levels, ax)
         if ax is None:
             axes = [a for a in figure.axes if a.get_lines()]
@@ -207,14 +212,41 @@ class AdderGlobalRobustness(_PerProperty):
         self.add_state("correct", torch.zeros(shape, dtype=torch.long), dist_reduce_fx="sum")
         self.add_state("total", torch.zeros(shape, dtype=torch.long), dist_reduce_fx="sum")
 
-    def update(self, preds: tuple[Tensor, Tensor], targets: tuple[Tensor, Tensor], property: Any, level: int) -> None:
-        """Add pairs: predicted labels of both inputs, their true labels (all in ``[0, C)``), property, level index."""
+    def update(
+        self, preds: tuple[Tensor, Tensor], targets: tuple[Tensor, Tensor], property: Any, level: int | Tensor
+    ) -> None:
+        """Add pairs: predicted labels of both inputs, their true labels (all in ``[0, C)``), property, level index.
+
+        ``property`` and ``level`` name one (property, level) for every pair, or, as ``(M,)`` integer
+        tensors (property indices into ``properties`` and level indices), one per pair: a robustness
+        sweep's whole record in one update.
+        """
+        if isinstance(property, Tensor) or isinstance(level, Tensor):
+            self._update_per_pair(preds, targets, property, level)
+            return
         index = self._index(property)
         if isinstance(level, bool) or not isinstance(level, Integral) or not 0 <= level < self.levels:
             raise ValueError(f"level: expected an index in 0..{self.levels - 1}, got {level}")
         correct, total = _adder_update(preds, targets, self.num_classes, self.combine)
         self.correct[index, level] += correct
         self.total[index, level] += total
+
+    def _update_per_pair(
+        self, preds: tuple[Tensor, Tensor], targets: tuple[Tensor, Tensor], property: Any, level: Any
+    ) -> None:
+        count = preds[0].shape[0] if isinstance(preds, tuple | list) and isinstance(preds[0], Tensor) else None
+        cells = []
+        for name, value, bound in (("property", property, len(self.properties)), ("level", level, self.levels)):
+            if not isinstance(value, Tensor) or value.is_floating_point() or value.shape != (count,):
+                raise ValueError(f"{name}: expected ({count},) integer indices, one per pair, got {value!r}")
+            if value.numel() and (int(value.min()) < 0 or int(value.max()) >= bound):
+                raise ValueError(f"{name}: expected indices in 0..{bound - 1}")
+            cells.append(value.long())
+        groups = len(self.properties) * self.levels
+        group = cells[0] * self.levels + cells[1]
+        correct, total = _adder_update(preds, targets, self.num_classes, self.combine, group, groups)
+        self.correct += correct.view_as(self.correct)
+        self.total += total.view_as(self.total)
 
     def compute(self) -> dict[str, tuple[Tensor, Tensor]]:
         """``{property: (GR per level (L,), GR per level and class pair (L, C, C))}``."""

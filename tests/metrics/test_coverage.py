@@ -322,3 +322,23 @@ def test_half_precision_channel_means_accumulate_in_float32() -> None:
 def test_bad_input_names_the_argument(call, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("make", [
+    lambda sizes, ranges: NeuronCoverage(sizes, threshold=0.3, per_layer=True),
+    lambda sizes, ranges: KMultisectionCoverage(ranges, 4, per_layer=True),
+    lambda sizes, ranges: TopKNeuronCoverage(sizes, 1, per_layer=True),
+])  # fmt: skip
+def test_per_layer_ratios_survive_set_dtype(make) -> None:
+    """``set_dtype(torch.float64)`` casts every buffer; the layer bookkeeping must stay integer indices."""
+    generator = torch.Generator().manual_seed(0)
+    acts = {"conv": torch.rand(6, 3, 4, 4, generator=generator), "fc": torch.rand(6, 5, generator=generator)}
+    sizes = {"conv": 3, "fc": 5}
+    ranges = {name: NeuronRange(torch.full((n,), 0.2), torch.full((n,), 0.8)) for name, n in sizes.items()}
+    plain, doubled = make(sizes, ranges), make(sizes, ranges).set_dtype(torch.float64)
+    plain.update(acts)
+    doubled.update({name: value.double() for name, value in acts.items()})
+    expected, got = plain.compute(), doubled.compute()
+    assert got.keys() == {"all", "conv", "fc"}
+    for key, value in expected.items():
+        assert float(got[key]) == pytest.approx(float(value), abs=1e-12), key

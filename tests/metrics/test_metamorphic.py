@@ -265,7 +265,7 @@ def test_parameters_by_value_or_index() -> None:
         MetamorphicViolations({"size": (1, 2, 3)}, "classification").update(logits, "size", 2, source_outputs=logits)
     with pytest.raises(ValueError, match="parameter"):
         metric.update(logits, "rotation", True, source_outputs=logits)
-    with pytest.raises(ValueError, match="transformation: unknown 'shear'"):
+    with pytest.raises(ValueError, match="property: unknown 'shear'"):
         metric.update(logits, "shear", 0, source_outputs=logits)
 
 
@@ -318,13 +318,13 @@ def test_shapes_survive_dimensions_of_one(task: str) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"transformations": {}}, "transformations: expected a non-empty mapping"),
-        ({"transformations": ["rotation"]}, "transformations: expected a non-empty mapping"),
-        ({"transformations": {"rotation": ()}}, "'rotation' needs a non-empty sequence"),
-        ({"transformations": {"rotation": 3.0}}, "'rotation' needs a non-empty sequence"),
-        ({"transformations": {"rotation": (3.0, float("nan"))}}, "finite numbers"),
-        ({"transformations": {"rotation": (3.0, 3.0)}}, "twice"),
-        ({"transformations": {"total": (1.0,)}}, "other than 'total'"),
+        ({"properties": {}}, "properties: expected a non-empty list of dlguard.augment.Property or a mapping"),
+        ({"properties": ["rotation"]}, "'rotation' needs a non-empty sequence of parameter values"),
+        ({"properties": {"rotation": ()}}, "'rotation' needs a non-empty sequence"),
+        ({"properties": {"rotation": 3.0}}, "'rotation' needs a non-empty sequence"),
+        ({"properties": {"rotation": (3.0, float("nan"))}}, "finite numbers"),
+        ({"properties": {"rotation": (3.0, 3.0)}}, "twice"),
+        ({"properties": {"total": (1.0,)}}, "other than 'total'"),
         ({"task": "detection"}, r"task: expected one of \('classification', 'regression'\)"),
         ({"lambdas": (5.0, 0.0)}, "lambdas: expected finite numbers > 0"),
         ({"lambdas": (-1.0,)}, "lambdas: expected finite numbers > 0"),
@@ -337,7 +337,7 @@ def test_shapes_survive_dimensions_of_one(task: str) -> None:
 )
 def test_bad_construction(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        MetamorphicViolations(**({"transformations": {"rotation": (3.0,)}} | kwargs))
+        MetamorphicViolations(**({"properties": {"rotation": (3.0,)}} | kwargs))
 
 
 def test_bad_functional_input() -> None:

@@ -15,7 +15,7 @@ from dlguard.metrics.functional.object_relevancy import (
     removing_score,
     unreliable,
 )
-from dlguard.metrics.object_relevancy import DetectionObjectRelevancy, ObjectRelevancy
+from dlguard.metrics.object_relevancy import ObjectRelevancy
 
 # the SPEC's six functions with 2 backgrounds: move ×2, blend ×2, gray, 9 colours, 2 inpaints, 2 margin statistics
 FUNCTION = torch.tensor([0, 0, 1, 1, 2] + [3] * 9 + [4, 4, 5, 5])
@@ -126,9 +126,9 @@ def test_metric_accumulates_what_the_functional_gives() -> None:
     logits, follow, target, valid = random_case(batch=12, seed=3)
     target[:6] = logits[:6].argmax(1)  # at least half correct
     functional = object_relevancy(logits, follow, target, FUNCTION, PRESERVING, valid)
-    metric = ObjectRelevancy(num_classes=5, p_high=0.5, s_low=0.6)
+    metric = ObjectRelevancy(p_high=0.5, s_low=0.6)
     for part in (slice(0, 5), slice(5, 6), slice(6, 12)):
-        metric.update(logits[part], follow[part], target[part], FUNCTION, PRESERVING, valid[part])
+        metric.update(object_relevancy(logits[part], follow[part], target[part], FUNCTION, PRESERVING, valid[part]))
     result = metric.compute()
     assert float(result["score"]) == pytest.approx(float(functional.score.mean()))
     assert float(result["preserving"]) == pytest.approx(float(functional.preserving.mean()))
@@ -169,17 +169,21 @@ def test_detection_by_hand() -> None:
     assert scores.removing.tolist() == pytest.approx([1.0, 1.0])
     assert scores.correct.tolist() == [True, True]
     assert scores.probability.tolist() == pytest.approx([0.97, 0.6])
-    metric = DetectionObjectRelevancy(p_high=0.9, s_low=0.9)
-    metric.update([source], [[kept, relabelled]], [target], torch.tensor([0]), function, preserving)
+    # each follow-up's own score: s⁺ = u of the preserving one, s⁻ = 1 − u of the removing one
+    assert scores.follow_up.flatten().tolist() == pytest.approx([0.625, 1.0, 0.0, 1.0])
+    metric = ObjectRelevancy(p_high=0.9, s_low=0.9)  # one metric adds detection scores alike
+    metric.update(
+        detection_relevancy([source], [[kept, relabelled]], [target], torch.tensor([0]), function, preserving)
+    )
     assert int(metric.compute()["unreliable"]) == 1  # (0.625 + 1)/2 < 0.9 with score 0.97
 
 
 def test_bad_input_is_named() -> None:
     logits, follow, target, valid = random_case()
     with pytest.raises(ValueError, match="p_high"):
-        ObjectRelevancy(10, p_high=1.5)
+        ObjectRelevancy(p_high=1.5)
     with pytest.raises(ValueError, match="s_low"):
-        ObjectRelevancy(10, s_low=-0.1)
+        ObjectRelevancy(s_low=-0.1)
     with pytest.raises(ValueError, match="follow_up_logits"):
         object_relevancy(logits, follow[:, :, :3], target, FUNCTION, PRESERVING)
     with pytest.raises(ValueError, match="function"):
@@ -194,8 +198,8 @@ def test_bad_input_is_named() -> None:
     nan[0, 0, 0] = float("nan")
     with pytest.raises(ValueError, match="follow_up_logits: contains NaN"):
         object_relevancy(logits, nan, target, FUNCTION, PRESERVING)
-    with pytest.raises(ValueError, match="logits: expected 10 classes"):
-        ObjectRelevancy(10).update(logits, follow, target, FUNCTION, PRESERVING)
+    with pytest.raises(ValueError, match="scores: expected ObjectRelevancyScores"):
+        ObjectRelevancy().update(logits)
     box = torch.tensor([[0.0, 0.0, 4.0, 4.0]])
     with pytest.raises(ValueError, match=r"detections: entry 0 lacks \['scores'\].*output_transform"):
         detection_relevancy(
@@ -207,4 +211,4 @@ def test_bad_input_is_named() -> None:
             torch.tensor([True, False]),
         )
     with pytest.raises(ValueError, match="no inferences"), pytest.warns(UserWarning, match="before the ``update``"):
-        ObjectRelevancy(5).compute()
+        ObjectRelevancy().compute()

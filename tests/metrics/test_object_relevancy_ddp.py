@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlguard.metrics.object_relevancy import DetectionObjectRelevancy, ObjectRelevancy
+from dlguard.metrics.functional import detection_relevancy, object_relevancy
+from dlguard.metrics.object_relevancy import ObjectRelevancy
 from tests.metrics.test_object_relevancy import FUNCTION, PRESERVING, random_case
 from tests.quick import run_on_two_processes
 
@@ -34,16 +35,17 @@ def detections(rows: range):
 
 def feed(metrics, part: slice) -> None:
     logits, follow, target, valid = data()
-    metrics["classification"].update(logits[part], follow[part], target[part], FUNCTION, PRESERVING, valid[part])
+    scores = object_relevancy(logits[part], follow[part], target[part], FUNCTION, PRESERVING, valid[part])
+    metrics["classification"].update(scores)
     rows = detections(range(11))[part]
-    metrics["detection"].update(
+    metrics["detection"].update(detection_relevancy(
         [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], torch.zeros(len(rows), dtype=torch.long),
         FUNCTION, PRESERVING,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def fresh():
-    return {"classification": ObjectRelevancy(5, p_high=0.5, s_low=0.7), "detection": DetectionObjectRelevancy()}
+    return {"classification": ObjectRelevancy(p_high=0.5, s_low=0.7), "detection": ObjectRelevancy()}
 
 
 def _shard(rank: int, world: int):

@@ -89,8 +89,8 @@ def test_bad_input() -> None:
     logits, target, _ = brightness_sweep()
     with pytest.raises(ValueError, match=r"property: unknown 'fog'; known properties: \['noise', 'rotation'\]"):
         metric.update(logits, target, "fog")
-    with pytest.raises(ValueError, match="logits: expected 3 levels"):
-        metric.update(logits[:2], target, "noise")
+    with pytest.raises(ValueError, match="logits: expected 1 to 3 levels"):
+        metric.update(torch.cat([logits, logits[:2]]), target, "noise")
     with pytest.raises(ValueError, match=r"target: expected labels in \[0, 2\)"):
         metric.update(logits, target + 1, "noise")
     with pytest.raises(ValueError, match="no inputs were added"):
@@ -100,6 +100,38 @@ def test_bad_input() -> None:
     adder = AdderGlobalRobustness(num_classes=10, properties=["noise"], levels=2)
     with pytest.raises(ValueError, match=r"level: expected an index in 0\.\.1"):
         adder.update((torch.tensor([1]), torch.tensor([2])), (torch.tensor([1]), torch.tensor([2])), "noise", 2)
+
+
+def test_a_property_with_fewer_levels_reports_its_own_levels() -> None:
+    logits, target, _ = brightness_sweep()  # three levels
+    metric = LocalRobustness(num_classes=2, properties=["noise", "rotation"], levels=3)
+    metric.update(logits, target, "noise")
+    metric.update(logits[:2], target, "rotation")
+    result = metric.compute()
+    expected = local_robustness(logits, target, 2)
+    assert torch.equal(result["noise"].per_level, expected.per_level)
+    assert torch.equal(result["rotation"].per_level, expected.per_level[:2])  # not padded with a third level
+
+
+def test_the_adder_takes_a_whole_record_in_one_update() -> None:
+    """Per-pair property and level indices give the counts of one update per (property, level)."""
+    generator = torch.Generator().manual_seed(0)
+    pairs = 300
+    preds = (torch.randint(0, 10, (pairs,), generator=generator), torch.randint(0, 10, (pairs,), generator=generator))
+    truth = (torch.randint(0, 10, (pairs,), generator=generator), torch.randint(0, 10, (pairs,), generator=generator))
+    prop, level = torch.randint(0, 2, (pairs,), generator=generator), torch.randint(0, 3, (pairs,), generator=generator)
+    whole = AdderGlobalRobustness(num_classes=10, properties=["noise", "rotation"], levels=3)
+    whole.update(preds, truth, prop, level)
+    apart = AdderGlobalRobustness(num_classes=10, properties=["noise", "rotation"], levels=3)
+    for p in range(2):
+        for lv in range(3):
+            rows = (prop == p) & (level == lv)
+            apart.update(
+                (preds[0][rows], preds[1][rows]), (truth[0][rows], truth[1][rows]), ["noise", "rotation"][p], lv
+            )
+    assert torch.equal(whole.correct, apart.correct) and torch.equal(whole.total, apart.total)
+    with pytest.raises(ValueError, match=r"level: expected indices in 0\.\.2"):
+        whole.update(preds, truth, prop, level + 1)
 
 
 def test_adder_rejects_labels_outside_the_classes() -> None:

@@ -21,11 +21,13 @@ from dlguard._validation import check_labels, check_tensor, check_values, positi
 __all__ = [
     "NeuronRange",
     "activation_jaccard_distance",
+    "input_bounds",
     "k_multisection_coverage",
     "neuron_boundary_coverage",
     "neuron_coverage",
     "neuron_values",
     "output_impartiality",
+    "scale_neuron_values",
     "scaled_neuron_values",
     "strong_neuron_activation_coverage",
     "top_k_neuron_coverage",
@@ -112,15 +114,21 @@ def scaled_neuron_values(activation: Tensor, values: Tensor | None = None) -> Te
                 [0.0000, 0.0000, 0.0000]])
     """
     values = neuron_values(activation) if values is None else values
-    low, high = _input_bounds(activation, values.dtype)
+    low, high = input_bounds(activation, values.dtype)
     return _scale_values(values, low.unsqueeze(1), high.unsqueeze(1))
 
 
-def _input_bounds(activation: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+def input_bounds(activation: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """Each input's smallest and largest value over the whole layer output, two ``(B,)`` in ``dtype``.
 
     What :func:`scaled_neuron_values` scales by; apart, so that a caller can read a layer output
-    once and scale its neuron values later (the coverage callback scales a whole epoch at once).
+    once and scale its neuron values later (:func:`scale_neuron_values`; the coverage callback scales
+    a whole epoch at once).
+
+    Example:
+        >>> import torch
+        >>> input_bounds(torch.tensor([[[0.0, 2.0], [4.0, 1.0]]]), torch.float32)
+        (tensor([0.]), tensor([4.]))
     """
     flat = activation.flatten(1)
     return flat.amin(dim=1).to(dtype), flat.amax(dim=1).to(dtype)  # ~6x faster than aminmax
@@ -135,6 +143,31 @@ def _scale_values(values: Tensor, low: Tensor, high: Tensor) -> Tensor:
     scaled = (values - low) / span.clamp(min=torch.finfo(values.dtype).tiny)
     # a constant output scales to 0; a NaN span (NaN in the output) stays NaN so checks can see it
     return torch.where(span > 0, scaled, span * 0)
+
+
+def scale_neuron_values(values: Mapping[str, Tensor], bounds: Mapping[str, tuple[Tensor, Tensor]]) -> dict[str, Tensor]:
+    """NC's values of several layers: each layer's ``(B, N)`` values min-max scaled by its inputs' bounds.
+
+    ``bounds[name]`` is ``(low, high)``, two ``(B,)`` from :func:`input_bounds` of that layer's output.
+    Scaling is element-wise, so the layers are scaled side by side in one go when they share a batch
+    and dtype, with the bits of scaling each layer alone.
+
+    Example:
+        >>> import torch
+        >>> activation = torch.tensor([[0.0, 2.0, 4.0], [1.0, 1.0, 1.0]])
+        >>> scaled = scale_neuron_values({"fc": activation}, {"fc": input_bounds(activation, torch.float32)})
+        >>> torch.equal(scaled["fc"], scaled_neuron_values(activation))
+        True
+    """
+    if len({(v.shape[0], v.dtype) for v in values.values()}) != 1:  # one by one: the metric refuses other inputs
+        return {name: _scale_values(values[name], low[:, None], high[:, None]) for name, (low, high) in bounds.items()}
+    sizes = [values[name].shape[1] for name in bounds]
+
+    def spread(which: int) -> Tensor:  # (B, total neurons): each input's bound under each of the layer's neurons
+        return torch.cat([b[which][:, None].expand(-1, n) for b, n in zip(bounds.values(), sizes, strict=True)], 1)
+
+    flat = torch.cat([values[name] for name in bounds], dim=1)
+    return dict(zip(bounds, _scale_values(flat, spread(0), spread(1)).split(sizes, dim=1), strict=True))
 
 
 def _check_threshold(threshold: float) -> None:

@@ -68,6 +68,8 @@ class ObjectRelevancyScores(NamedTuple):
             at least the threshold).
         per_function: ``(R, n_functions)`` mean ``s⁺`` (preserving functions) or ``s⁻`` (removing) of each
             function's valid follow-ups; NaN where a function has none.
+        follow_up: ``(R, F)`` each follow-up's own score, ``s⁺`` for a preserving follow-up and ``s⁻`` for
+            a removing one (NaN where the follow-up does not exist); ``None`` when not recorded.
     """
 
     preserving: Tensor
@@ -76,6 +78,7 @@ class ObjectRelevancyScores(NamedTuple):
     probability: Tensor
     correct: Tensor
     per_function: Tensor
+    follow_up: Tensor | None = None
 
 
 def class_probability_and_rank(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
@@ -195,15 +198,16 @@ def _aggregate(
     """Weighted ``S⁺``, ``S⁻``, ``S`` and per-function means from per-follow-up ``s⁺``/``s⁻`` ``(R, F)``."""
     weights = relevancy_weights(function, valid, preserving).double()
     preserving = preserving.to(valid.device)
-    follow = torch.where(preserving, s_plus.double(), s_minus.double())  # each follow-up's own score
-    follow = torch.where(valid, follow, torch.zeros_like(follow))
+    own = torch.where(preserving, s_plus.double(), s_minus.double())  # each follow-up's own score
+    follow = torch.where(valid, own, torch.zeros_like(own))
     s_pos = (weights * follow * preserving).sum(1)
     s_neg = (weights * follow * ~preserving).sum(1)
     width = int(function.max()) + 1 if num_functions is None else num_functions
     one_hot = torch.nn.functional.one_hot(function.to(valid.device), width).double()  # (F, n)
     totals, counts = follow @ one_hot, valid.double() @ one_hot
     per_function = torch.where(counts > 0, totals / counts.clamp_min(1), torch.full_like(totals, float("nan")))
-    return ObjectRelevancyScores(s_pos, s_neg, (s_pos + s_neg) / 2, probability.double(), correct, per_function)
+    own = torch.where(valid, own, torch.full_like(own, float("nan")))
+    return ObjectRelevancyScores(s_pos, s_neg, (s_pos + s_neg) / 2, probability.double(), correct, per_function, own)
 
 
 def object_relevancy(
@@ -409,7 +413,9 @@ def detection_relevancy(
     if not u_rows:
         empty = torch.zeros(0, dtype=torch.float64)
         width = (int(function.max()) + 1 if count else 0) if num_functions is None else num_functions
-        return ObjectRelevancyScores(empty, empty, empty, empty, torch.zeros(0, dtype=torch.bool), empty.view(0, width))
+        return ObjectRelevancyScores(
+            empty, empty, empty, empty, torch.zeros(0, dtype=torch.bool), empty.view(0, width), empty.view(0, count)
+        )
     u = torch.stack(u_rows)
     return _aggregate(
         u,

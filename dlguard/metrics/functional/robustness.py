@@ -115,8 +115,13 @@ def _adder_update(
     targets: tuple[Tensor, Tensor],
     num_classes: int,
     combine: Callable[[Tensor, Tensor], Tensor],
+    group: Tensor | None = None,
+    groups: int = 1,
 ) -> tuple[Tensor, Tensor]:
-    """Per class pair ``(C, C)``: pairs whose combined prediction equals the combined truth, and all pairs."""
+    """Per class pair ``(C, C)``: pairs whose combined prediction equals the combined truth, and all pairs.
+
+    With ``group`` ``(M,)`` (each pair's index in ``0..groups-1``), one table per group: ``(groups, C, C)``.
+    """
     num_classes = positive_int("num_classes", num_classes, minimum=2)
     check_combine(combine, num_classes)
     first, second = _label_pair("preds", preds, num_classes)
@@ -131,9 +136,16 @@ def _adder_update(
         raise ValueError(f"combine: expected one combined label per pair {tuple(first.shape)}")
     correct = (predicted == true).long()
     cells = num_classes * num_classes
+    if group is None:
+        return (
+            torch.bincount(pair, weights=correct, minlength=cells).long().view(num_classes, num_classes),
+            torch.bincount(pair, minlength=cells).view(num_classes, num_classes),
+        )
+    flat = group.to(pair.device) * cells + pair
+    shape = (groups, num_classes, num_classes)
     return (
-        torch.bincount(pair, weights=correct, minlength=cells).long().view(num_classes, num_classes),
-        torch.bincount(pair, minlength=cells).view(num_classes, num_classes),
+        torch.bincount(flat, weights=correct, minlength=groups * cells).long().view(shape),
+        torch.bincount(flat, minlength=groups * cells).view(shape),
     )
 
 
