@@ -13,6 +13,7 @@ from dlguard.augment.follow_ups import (
     follow_up_layout,
     object_follow_ups,
 )
+from dlguard.augment.guide import Guide
 from dlguard.augment.photometric import RandomBrightnessScale, RandomBrightnessShift, RandomNoise
 from dlguard.augment.properties import Property, deeptest_properties, default_properties
 from dlguard.augment.region_translate import RegionTranslate
@@ -24,6 +25,7 @@ __all__ = [
     "ErrorGuidedAugmentation",
     "FollowUpCache",
     "FollowUps",
+    "Guide",
     "MutationFunction",
     "Property",
     "RandomBrightnessScale",

@@ -32,7 +32,7 @@ from dlguard.augment.functional.weather import (
     rain_streaks,
 )
 
-__all__ = ["Property", "deeptest_properties", "default_properties"]
+__all__ = ["Property", "check_properties", "check_property_inputs", "deeptest_properties", "default_properties"]
 
 _NOISE_SALT = 0x6E6F_6973  # the noise property's draw site, combined with each severity's bits
 
@@ -55,6 +55,9 @@ class Property:
       ``(B, C, T)`` (additive noise, multiplicative brightness; SPEC §0).
     - ``value_range``: the range the inputs must lie in (and outputs are clamped to), ``None`` for
       unbounded values.
+    - ``deterministic``: an unkeyed property that draws no random numbers (rotation, brightness, the
+      blurs). An unkeyed property that is not deterministic draws from the global RNG, so its numbers
+      under DDP differ from one process's; callbacks warn about it at set-up when several processes run.
 
     The built-in properties hold module-level functions (or ``functools.partial`` of them), so
     they pickle (DDP ``spawn``); a custom property pickles when its ``apply`` does.
@@ -66,6 +69,7 @@ class Property:
         keyed: whether ``apply`` takes keys (see above).
         needs_images: whether ``apply`` needs images ``(B, C, H, W)``.
         value_range: ``(low, high)`` of the inputs, or ``None``.
+        deterministic: whether an unkeyed ``apply`` draws no random numbers.
 
     Example:
         >>> import torch
@@ -85,6 +89,7 @@ class Property:
     keyed: bool = False
     needs_images: bool = True
     value_range: tuple[float, float] | None = (0.0, 1.0)
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -98,7 +103,7 @@ class Property:
             raise ValueError(f"levels: expected finite severities for {self.name!r}, got {levels}")
         if any(b <= a for a, b in pairwise(levels)):
             raise ValueError(f"levels: expected severities in increasing order for {self.name!r}, got {levels}")
-        for flag in ("keyed", "needs_images"):
+        for flag in ("keyed", "needs_images", "deterministic"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag}: expected True or False for {self.name!r}, got {getattr(self, flag)!r}")
         object.__setattr__(self, "levels", tuple(float(v) for v in levels))
@@ -127,6 +132,60 @@ class Property:
         if keys is not None:
             keys = check_keys(keys, len(images)).to(images.device)
         return self.apply(images, level, keys)
+
+    @property
+    def draws_globally(self) -> bool:
+        """Whether the property draws random numbers from the global RNG (unkeyed and not deterministic)."""
+        return not self.keyed and not self.deterministic
+
+
+def check_properties(properties: object, name: str = "properties") -> list[Property]:
+    """A non-empty list of :class:`Property` with distinct names (one property alone is a list of one).
+
+    Raises:
+        ValueError: naming ``name``, for anything else.
+
+    Example:
+        >>> [p.name for p in check_properties(default_properties()[1])]
+        ['rotation']
+        >>> check_properties([])  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: properties: expected a non-empty list of dlguard.augment.Property (e.g. ...), got []
+    """
+    if isinstance(properties, Property):
+        properties = [properties]
+    if isinstance(properties, str) or not isinstance(properties, Sequence) or not properties:
+        raise ValueError(
+            f"{name}: expected a non-empty list of dlguard.augment.Property (e.g. default_properties()), "
+            f"got {properties!r}"
+        )
+    wrong = [type(p).__name__ for p in properties if not isinstance(p, Property)]
+    if wrong:
+        raise ValueError(f"{name}: expected dlguard.augment.Property items, got {wrong}")
+    names = [p.name for p in properties]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{name}: expected distinct property names, got {names}")
+    return list(properties)
+
+
+def check_property_inputs(properties: Sequence[Property], inputs: Tensor, name: str = "properties") -> None:
+    """``inputs`` ``(B, ...)`` fit every property: images ``(B, C, H, W)`` where one needs them.
+
+    Example:
+        >>> import torch
+        >>> check_property_inputs(default_properties(), torch.zeros(2, 1, 50))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: properties: 'rotation' needs images (B, C, H, W) but the inputs have shape (2, 1, 50); ...
+    """
+    for prop in properties:
+        if prop.needs_images and inputs.ndim != 4:
+            raise ValueError(
+                f"{name}: {prop.name!r} needs images (B, C, H, W) but the inputs have shape {tuple(inputs.shape)}; "
+                "for other tensors use properties that take any shape (needs_images=False, e.g. noise and "
+                "brightness of default_properties(value_range=None))"
+            )
 
 
 def _level_salt(site: int, value: float) -> int:
@@ -202,13 +261,14 @@ def default_properties(value_range: tuple[float, float] | None = (0.0, 1.0)) -> 
             needs_images=False,
             value_range=bounds,
         ),
-        Property("rotation", rotation, (5.0, 10.0, 20.0, 30.0, 45.0)),
+        Property("rotation", rotation, (5.0, 10.0, 20.0, 30.0, 45.0), deterministic=True),
         Property(
             "brightness",
             partial(brightness_scale, value_range=bounds),
             (1.2, 1.5, 2.0, 2.5, 3.0),
             needs_images=False,
             value_range=bounds,
+            deterministic=True,
         ),
     ]
 
@@ -245,16 +305,16 @@ def deeptest_properties() -> list[Property]:
          'median_blur', 'bilateral_blur', 'fog', 'rain']
     """
     return [
-        Property("translation", _translation_fraction, tuple(float(t) for t in range(10, 101, 10))),
-        Property("scale", scaling, tuple(1.5 + 0.5 * i for i in range(10))),
-        Property("shear", _shear_left, tuple(round(0.1 * i, 1) for i in range(1, 11))),
-        Property("rotation", rotation, tuple(float(d) for d in range(3, 31, 3))),
-        Property("contrast", contrast, tuple(round(1.2 + 0.2 * i, 1) for i in range(10))),
-        Property("brightness", _brightness_255, tuple(float(b) for b in range(10, 101, 10))),
-        Property("box_blur", partial(_with_kernel_size, blur=box_blur), (3.0, 4.0, 5.0, 6.0)),
-        Property("gaussian_blur", partial(_with_kernel_size, blur=gaussian_blur), (3.0, 5.0, 7.0)),
-        Property("median_blur", partial(_with_kernel_size, blur=median_blur), (3.0, 5.0)),
-        Property("bilateral_blur", partial(_with_kernel_size, blur=bilateral_blur), (9.0,)),
+        Property("translation", _translation_fraction, tuple(float(t) for t in range(10, 101, 10)), deterministic=True),
+        Property("scale", scaling, tuple(1.5 + 0.5 * i for i in range(10)), deterministic=True),
+        Property("shear", _shear_left, tuple(round(0.1 * i, 1) for i in range(1, 11)), deterministic=True),
+        Property("rotation", rotation, tuple(float(d) for d in range(3, 31, 3)), deterministic=True),
+        Property("contrast", contrast, tuple(round(1.2 + 0.2 * i, 1) for i in range(10)), deterministic=True),
+        Property("brightness", _brightness_255, tuple(float(b) for b in range(10, 101, 10)), deterministic=True),
+        Property("box_blur", partial(_with_kernel_size, blur=box_blur), (3.0, 4.0, 5.0, 6.0), deterministic=True),
+        Property("gaussian_blur", partial(_with_kernel_size, blur=gaussian_blur), (3.0, 5.0, 7.0), deterministic=True),
+        Property("median_blur", partial(_with_kernel_size, blur=median_blur), (3.0, 5.0), deterministic=True),
+        Property("bilateral_blur", partial(_with_kernel_size, blur=bilateral_blur), (9.0,), deterministic=True),
         Property("fog", _fog, (1.0, 2.0, 3.0, 4.0, 5.0), keyed=True),
         Property("rain", _rain, (1.0, 2.0, 3.0, 4.0, 5.0), keyed=True),
     ]

@@ -24,7 +24,11 @@ class ScoreGuidedPadding(GeometricAugmentationBase2D):
     :class:`~dlguard.callbacks.DScoreCallback` sets ``p = clip(v_robust / g(n), 0, 1)`` from each
     measurement; standalone, set ``p`` yourself (or from
     :func:`~dlguard.metrics.functional.d_score`'s ``augment_probability``). Batched and
-    differentiable: one affine warp per batch. Parameters replay with ``aug(x, params=aug._params)``.
+    differentiable: one affine warp per batch.
+
+    It follows the guide protocol (:class:`~dlguard.augment.Guide`): ``aug(images, labels)`` pads
+    whatever the labels; ``aug(images)`` works as well. Replay parameters by keyword,
+    ``aug(x, params=aug._params)``.
 
     ``p`` may change at any time (it is validated, and every kornia version's gate follows it).
     The first call after a change checks that the images are floats in ``[0, 1]`` without NaN;
@@ -66,7 +70,10 @@ class ScoreGuidedPadding(GeometricAugmentationBase2D):
         if "_always_apply" in self.__dict__:
             self._always_apply = value == 1.0 and getattr(self, "p_batch", 1.0) == 1.0
 
-    def forward(self, input: Tensor, params: dict[str, Tensor] | None = None, **kwargs: Any) -> Tensor:
+    def forward(
+        self, input: Tensor, labels: Tensor | None = None, params: dict[str, Tensor] | None = None, **kwargs: Any
+    ) -> Tensor:
+        """Pad ``input`` ``(B, C, H, W)``; ``labels`` (the guide protocol's) are not read."""
         if self._check_pending:
             check_tensor("images", input, floating=True)
             check_values("images", input)
