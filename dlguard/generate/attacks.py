@@ -16,47 +16,22 @@ own loss (the model runs in eval mode, where no layer mixes rows).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from numbers import Real
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dlguard._validation import check_labels, check_tensor, check_values, positive_int
+from dlguard.generate.gradients import input_gradients, loss_gradient
 from dlguard.probes.adapter import ModelAdapter
-from dlguard.probes.evaluation import evaluation
 
 __all__ = ["fgsm", "pgd"]
 
 
-def _adapter(model: nn.Module | ModelAdapter) -> ModelAdapter:
-    return model if isinstance(model, ModelAdapter) else ModelAdapter(model)
-
-
-@contextmanager
-def _input_gradients(model: nn.Module) -> Iterator[None]:
-    """Eval mode, parameters frozen, gradients on -- also inside ``no_grad`` or ``inference_mode`` (SPEC §0)."""
-    with evaluation(model), torch.inference_mode(False), torch.enable_grad():
-        yield
-
-
-def _check_inputs(inputs: Tensor, target: Tensor, bounds: tuple[float, float] | None = (0.0, 1.0)) -> None:
+def _check_inputs(inputs: Tensor, target: Tensor) -> None:
     check_tensor("inputs", inputs, floating=True)
-    check_values("inputs", inputs, bounds)
+    check_values("inputs", inputs, (0.0, 1.0))
     check_labels("target", target, batch=len(inputs))
-
-
-def _ce_gradient(adapter: ModelAdapter, inputs: Tensor, target: Tensor) -> Tensor:
-    """``∇_x CE(f(x), y)`` per row, in ``inputs``' dtype; call inside :func:`_input_gradients`.
-
-    ``inputs`` (a plain tensor on the model's device) is detached and cloned, so an inference tensor is fine.
-    """
-    x = inputs.detach().clone().requires_grad_(True)
-    loss = F.cross_entropy(adapter.logits(x), target, reduction="sum")
-    (gradient,) = torch.autograd.grad(loss, x)
-    return gradient
 
 
 def _radius(name: str, value: object) -> float:
@@ -79,12 +54,13 @@ def _attack(
     step: float,
     steps: int,
     start: Tensor | None,
-    max_batch: int,
+    max_batch: int | None,
 ) -> Tensor:
     """Signed-gradient ascent with projection, ``max_batch`` rows at a time; ``start`` is the random offset."""
     device = adapter.device
     results = []
-    with _input_gradients(adapter.model):
+    with input_gradients(adapter.model):
+        max_batch = adapter.rows_per_pass(inputs, max_batch) if len(inputs) else 1
         for begin in range(0, len(inputs), max_batch):
             origin = inputs[begin : begin + max_batch].to(device).clone()
             labels = target[begin : begin + max_batch].to(device).clone().long()
@@ -93,13 +69,15 @@ def _attack(
             if start is not None:
                 adversarial = torch.clamp(origin + start[begin : begin + max_batch].to(device), lower, upper)
             for _ in range(steps):
-                gradient = _ce_gradient(adapter, adversarial, labels)
+                gradient = loss_gradient(adapter, adversarial, labels)
                 adversarial = torch.clamp(adversarial + step * gradient.sign(), lower, upper)
             results.append(adversarial.detach().to(inputs.device))
     return torch.cat(results) if results else inputs.detach().clone()
 
 
-def fgsm(model: nn.Module | ModelAdapter, inputs: Tensor, target: Tensor, eps: float, max_batch: int = 256) -> Tensor:
+def fgsm(
+    model: nn.Module | ModelAdapter, inputs: Tensor, target: Tensor, eps: float, max_batch: int | None = None
+) -> Tensor:
     """Fast gradient sign method: ``x' = clip_{[0,1]}(x + eps·sign(∇_x CE(f(x), y)))``, untargeted.
 
     The model runs in eval mode and is left exactly as found (also after an exception); works inside
@@ -110,7 +88,8 @@ def fgsm(model: nn.Module | ModelAdapter, inputs: Tensor, target: Tensor, eps: f
         inputs: ``(B, ...)`` floating inputs in ``[0, 1]``.
         target: ``(B,)`` true labels.
         eps: L∞ radius in ``(0, 1]``.
-        max_batch: rows per forward and backward pass.
+        max_batch: rows per forward and backward pass (``None``: a memory budget,
+            :func:`~dlguard.probes.default_max_batch`).
 
     Returns:
         ``(B, ...)`` adversarial inputs, detached, on ``inputs``' device and in their dtype.
@@ -124,9 +103,10 @@ def fgsm(model: nn.Module | ModelAdapter, inputs: Tensor, target: Tensor, eps: f
         (torch.Size([5, 1, 4, 4]), True)
     """
     eps = _radius("eps", eps)
-    positive_int("max_batch", max_batch)
+    if max_batch is not None:
+        positive_int("max_batch", max_batch)
     _check_inputs(inputs, target)
-    return _attack(_adapter(model), inputs, target, eps, eps, 1, None, max_batch)
+    return _attack(ModelAdapter.wrap(model), inputs, target, eps, eps, 1, None, max_batch)
 
 
 def pgd(
@@ -138,7 +118,7 @@ def pgd(
     steps: int = 20,
     random_start: bool = False,
     generator: torch.Generator | None = None,
-    max_batch: int = 256,
+    max_batch: int | None = None,
 ) -> Tensor:
     """Projected gradient descent (Madry et al.) on cross-entropy, untargeted, L∞ (HDA's baseline, SPEC §4).
 
@@ -157,7 +137,8 @@ def pgd(
         steps: number of iterations.
         random_start: start from a uniform draw in the ``eps``-ball instead of the input.
         generator: random generator of the start (default: the global one).
-        max_batch: rows per forward and backward pass.
+        max_batch: rows per forward and backward pass (``None``: a memory budget,
+            :func:`~dlguard.probes.default_max_batch`).
 
     Returns:
         ``(B, ...)`` adversarial inputs, detached, on ``inputs``' device and in their dtype.
@@ -175,7 +156,8 @@ def pgd(
     """
     eps, step = _radius("eps", eps), _step(step)
     steps = positive_int("steps", steps)
-    positive_int("max_batch", max_batch)
+    if max_batch is not None:
+        positive_int("max_batch", max_batch)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
     _check_inputs(inputs, target)
@@ -190,4 +172,4 @@ def pgd(
         device = generator.device if generator is not None else torch.device("cpu")
         uniform = torch.rand(inputs.shape, generator=generator, device=device, dtype=inputs.dtype)
         start = (2 * uniform - 1) * eps
-    return _attack(_adapter(model), inputs, target, eps, step, steps, start, max_batch)
+    return _attack(ModelAdapter.wrap(model), inputs, target, eps, step, steps, start, max_batch)

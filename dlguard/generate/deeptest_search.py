@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from dlguard._validation import check_images, positive_int, probability
-from dlguard.augment.properties import Property
+from dlguard.augment.properties import Property, check_properties
 from dlguard.data.failure_bank import FailureBank
 from dlguard.metrics.functional.coverage import scaled_neuron_values
 from dlguard.metrics.functional.metamorphic import MetamorphicRelation, check_outputs, squared_errors
@@ -82,16 +82,6 @@ class _Lane:
     queue: deque[int] = field(default_factory=deque)
     failures: int = 0
     stack: list[tuple[Tensor, int]] = field(default_factory=list)
-
-
-def _check_transformations(transformations: object) -> list[Property]:
-    names = [getattr(t, "name", None) for t in transformations] if isinstance(transformations, Sequence) else None
-    if not names or not all(isinstance(t, Property) for t in transformations) or len(set(names)) != len(names):
-        raise ValueError(
-            f"transformations: expected a non-empty sequence of Property objects with distinct names "
-            f"(e.g. deeptest_properties()), got {names if names else transformations!r}"
-        )
-    return list(transformations)
 
 
 def _coverage_masks(records: dict[str, list[Tensor]], layers: dict[str, nn.Module], threshold: float) -> Tensor:
@@ -186,7 +176,7 @@ def _draw_tries(
 def coverage_guided_search(
     model: nn.Module | ModelAdapter,
     seeds: Tensor,
-    transformations: Sequence[Property],
+    properties: Sequence[Property],
     *,
     layers: LayerSpec | str = "auto",
     threshold: float = 0.2,
@@ -223,7 +213,7 @@ def coverage_guided_search(
     Args:
         model: the network (logits or predictions), or a :class:`~dlguard.probes.ModelAdapter`.
         seeds: ``(N, C, H, W)`` seed images in ``[0, 1]``.
-        transformations: the :class:`~dlguard.augment.properties.Property` objects to combine,
+        properties: the transformations, :class:`~dlguard.augment.Property` objects to combine,
             distinct names (e.g. :func:`~dlguard.augment.properties.deeptest_properties`).
         layers: ``"auto"`` (dense, convolution and recurrent layers) or the layers coverage counts.
         threshold: NC's threshold on scaled values, in ``[0, 1]``.
@@ -257,7 +247,7 @@ def coverage_guided_search(
     check_images(seeds, "seeds")
     if len(seeds) == 0:
         raise ValueError("seeds: expected at least one seed image, got none")
-    props = _check_transformations(transformations)
+    props = check_properties(properties)
     probability("threshold", threshold)
     positive_int("max_failed_tries", max_failed_tries)
     if max_images is not None:

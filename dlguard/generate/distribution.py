@@ -86,12 +86,13 @@ class GlobalDistribution(ABC):
         self._require_fitted()
         return self._sigma
 
-    def _check_inputs(self, inputs: object, name: str = "inputs") -> Tensor:
+    def _check_inputs(self, inputs: object, name: str = "inputs", values: bool = True) -> Tensor:
         check_tensor(name, inputs, floating=True)
         if inputs.shape[0] == 0:
             raise ValueError(f"{name}: expected at least one input, got shape {tuple(inputs.shape)}")
         self._check_shape(inputs)
-        check_values(name, inputs, (0.0, 1.0), hint="the global distribution works in pixel space (SPEC §0)")
+        if values:
+            check_values(name, inputs, (0.0, 1.0), hint="the global distribution works in pixel space (SPEC §0)")
         return inputs
 
     def _embed_checked(self, inputs: Tensor, max_batch: int) -> tuple[Tensor, Tensor]:
@@ -121,23 +122,30 @@ class GlobalDistribution(ABC):
         self._require_fitted()
         return self._embed_checked(self._check_inputs(inputs), batch)
 
-    def fitted_index(self, inputs: Tensor) -> Tensor:
-        """``(B,)`` index of the fitted point each input is (same content key), ``-1`` for none."""
+    def fitted_index(self, inputs: Tensor, keys: Tensor | None = None, validate_args: bool = True) -> Tensor:
+        """``(B,)`` index of the fitted point each input is (same content key), ``-1`` for none.
+
+        ``keys`` are the inputs' :func:`~dlguard._random.content_keys` with the default seed 0, when the
+        caller has them; ``validate_args=False`` skips the value check (range, NaN).
+        """
         self._require_fitted()
-        keys = content_keys(self._check_inputs(inputs)).to(self._keys.device)
+        self._check_inputs(inputs, values=validate_args)
+        keys = (content_keys(inputs) if keys is None else keys).to(self._keys.device)
         position = torch.searchsorted(self._keys, keys).clamp_max(self._keys.numel() - 1)
         found = self._keys[position] == keys
         return torch.where(found, self._order[position], torch.full_like(position, -1))
 
-    def log_density(self, inputs: Tensor, max_elements: int = 2**24) -> Tensor:
+    def log_density(
+        self, inputs: Tensor, max_elements: int = 2**24, *, keys: Tensor | None = None, validate_args: bool = True
+    ) -> Tensor:
         """``log p_g(z)`` ``(B,)`` of each input's embedding; fitted inputs are scored leave-one-out.
 
         Computed in log space on the device of the fitted points, in blocks of at most
-        ``max_elements`` elements.
+        ``max_elements`` elements. ``keys`` and ``validate_args`` as in :meth:`fitted_index`.
         """
         self._require_fitted()
         positive_int("max_elements", max_elements)
-        exclude = self.fitted_index(inputs)
+        exclude = self.fitted_index(inputs, keys, validate_args)
         if self._mu.shape[0] == 1 and bool((exclude >= 0).any()):
             raise ValueError("inputs: a query is the only fitted point; fit at least 2 inputs to score fitted points")
         z, _ = self._embed_checked(inputs, self.max_batch)

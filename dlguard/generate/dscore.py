@@ -1,21 +1,47 @@
-"""One D-Score measurement (SPEC §1): the model, its ``n²`` region-deletion mutants and ``n²`` translated sets."""
+"""One D-Score test (SPEC §1): the model, its ``n²`` region-deletion mutants and ``n²`` translated sets."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from dlguard import _distributed
-from dlguard._validation import check_images, check_labels, check_translation, positive_int
+from dlguard._validation import check_images, check_labels, check_tensor, check_translation, positive_int
 from dlguard.augment.functional.translate import region_translations
-from dlguard.metrics.dscore import DScore
-from dlguard.metrics.functional.dscore import DScoreResult
+from dlguard.generate.outputs import check_num_classes, logit_width
 from dlguard.probes.adapter import ModelAdapter
+from dlguard.probes.budget import default_max_batch
 from dlguard.probes.evaluation import evaluation
 from dlguard.probes.layers import LayerSpec, resolve_layers, select_layers
-from dlguard.probes.region_deletion import default_max_batch, deletion_mutant_logits
+from dlguard.probes.region_deletion import deletion_mutant_logits
 
-__all__ = ["dscore_layers", "logit_width", "measure_dscore"]
+__all__ = ["DScoreRun", "dscore_layers", "dscore_test"]
+
+
+@dataclass
+class DScoreRun:
+    """What one D-Score test ran, on this process's shard of the probe set.
+
+    Feed it to :class:`~dlguard.metrics.DScore` (``update(run.logits, run.mutant_logits,
+    run.translated_logits, run.target)``); its counts sum over processes, so ``compute()`` gives the
+    D-Score of the whole probe set.
+
+    Attributes:
+        inputs: ``(B, C, H, W)`` the probe images, on the model's device.
+        target: ``(B,)`` their labels.
+        logits: ``(B, K)`` the unmodified model's logits.
+        mutant_logits: ``(n², B, K)`` the region-deletion mutants' logits.
+        translated_logits: ``(n², B, K)`` the model's logits on the ``n²`` padding translations.
+        num_classes: ``K``, agreed by every process.
+    """
+
+    inputs: Tensor
+    target: Tensor
+    logits: Tensor
+    mutant_logits: Tensor
+    translated_logits: Tensor
+    num_classes: int
 
 
 def dscore_layers(model: nn.Module, layers: LayerSpec | None = None) -> dict[str, nn.Module]:
@@ -23,19 +49,7 @@ def dscore_layers(model: nn.Module, layers: LayerSpec | None = None) -> dict[str
     return select_layers(model, types=nn.Conv2d) if layers is None else resolve_layers(model, layers)
 
 
-def logit_width(adapter: ModelAdapter, inputs: Tensor) -> int:
-    """``K``, the width of the model's logits, agreed by every process (also one whose shard is empty).
-
-    Runs the model on one input; a collective under DDP.
-    """
-    width = 0
-    if len(inputs):
-        with evaluation(adapter.model), torch.no_grad():
-            width = adapter.logits(inputs[:1]).shape[1]
-    return int(_distributed.gather_cat(torch.tensor([width], device=inputs.device)).max())
-
-
-def measure_dscore(
+def dscore_test(
     model: nn.Module | ModelAdapter,
     images: Tensor,
     target: Tensor,
@@ -45,14 +59,15 @@ def measure_dscore(
     *,
     num_classes: int | None = None,
     max_batch: int | None = None,
-) -> DScoreResult:
-    """D-Score of ``model`` on probe ``images`` (pixels in ``[0, 1]``) with labels ``target``.
+    validate_args: bool = True,
+) -> DScoreRun:
+    """Run ``model``, its ``n²`` region-deletion mutants and its ``n²`` padding translations on probe ``images``.
 
-    Runs the unmodified model, all ``n²`` region-deletion mutants of ``layers`` (batched,
-    :func:`~dlguard.probes.deletion_mutant_logits`) and the model on the ``n²`` padding translations
-    of the images (SPEC §1), in eval mode, leaving the model exactly as found. Under DDP each process
-    passes its shard of the probe set; the counts are summed over processes (a collective: every
-    process must call this), so the result is the one of the whole probe set.
+    The mutants zero region ``i`` of every selected conv layer's output
+    (:func:`~dlguard.probes.deletion_mutant_logits`, batched); the translations pad each image
+    towards region ``i`` and resize it back (SPEC §1). The model runs in eval mode and is left
+    exactly as found. Under DDP each process passes its shard of the probe set (the logits' width is
+    agreed by a collective: every process must call this); the run holds the shard's logits.
 
     Args:
         model: the network, or a :class:`~dlguard.probes.ModelAdapter` with its ``preprocess`` and
@@ -62,44 +77,56 @@ def measure_dscore(
         n: grid size (``>= 2``).
         t: padding step divisor of the translation (``> 1``).
         layers: conv layers to mutate; default every ``Conv2d``.
-        num_classes: ``K``; default the width of the model's logits.
-        max_batch: rows per forward pass (default: a memory budget, see
-            :func:`~dlguard.probes.region_deletion.default_max_batch`).
+        num_classes: ``K``; default the width of the model's logits (checked against it when given).
+        max_batch: rows per forward pass (default: a memory budget of the selected conv layers'
+            outputs, :func:`~dlguard.probes.default_max_batch`).
+        validate_args: check the images' values (range, NaN) and the labels' range; callers that
+            checked them already (a callback's probe set) pass ``False``.
 
     Returns:
-        :class:`~dlguard.metrics.functional.DScoreResult`, including the accuracies it came from.
+        A :class:`DScoreRun`; its D-Score is :class:`~dlguard.metrics.DScore` updated with it.
 
     Example:
         >>> import torch
+        >>> from dlguard.metrics import DScore
         >>> from dlguard.zoo import pretrained
         >>> from dlguard.data import MNISTDataModule
         >>> dm = MNISTDataModule()
         >>> dm.setup()
         >>> images = torch.stack([dm.val_set[i][0] for i in range(200)])
         >>> target = torch.tensor([dm.val_set[i][1] for i in range(200)])
-        >>> result = measure_dscore(pretrained("mnist_a"), images, target, n=3)
+        >>> run = dscore_test(pretrained("mnist_a"), images, target, n=3)
+        >>> metric = DScore(n=3, num_classes=run.num_classes)
+        >>> metric.update(run.logits, run.mutant_logits, run.translated_logits, run.target)
+        >>> result = metric.compute()
         >>> float(result.baseline_accuracy) > 0.9, 0 < float(result.d_score) < float(result.v_fitness) < 1
         (True, True)
     """
     check_translation(n, t)
     if max_batch is not None:
         positive_int("max_batch", max_batch)
-    adapter = model if isinstance(model, ModelAdapter) else ModelAdapter(model)
-    check_images(images)
+    adapter = ModelAdapter.wrap(model)
+    if validate_args:
+        check_images(images)
+    else:
+        check_tensor("images", images, floating=True)
+        if images.ndim != 4:
+            raise ValueError(f"images: expected images (B, C, H, W), got shape {tuple(images.shape)}")
     check_labels("target", target, batch=len(images))
     selected = dscore_layers(adapter.model, layers)
     images, target = images.to(adapter.device), target.to(adapter.device)
-    classes = num_classes or logit_width(adapter, images)
-    check_labels("target", target, num_classes=classes)
+    classes = check_num_classes(num_classes, logit_width(adapter, images), "images")
+    if validate_args:
+        check_labels("target", target, num_classes=classes)
     with evaluation(adapter.model), torch.no_grad():
+        if not len(images):  # an empty shard of a probe set spread over processes
+            empty = torch.zeros(n * n, 0, classes, device=adapter.device)
+            return DScoreRun(images, target, empty[0], empty, empty.clone(), classes)
         prepared = adapter.prepare(images)
-        baseline = adapter.logits(images, max_batch, classes) if len(images) else None
-        metric = DScore(n, classes).to(images.device)
-        if baseline is not None:
-            rows = max_batch or default_max_batch(adapter.model, prepared, selected)
-            mutants = deletion_mutant_logits(
-                adapter.model, prepared, n, selected, max_batch=rows, output_transform=adapter.finish
-            )
-            translated = adapter.logits(region_translations(images, n, t).flatten(0, 1), rows)
-            metric.update(baseline, mutants, translated.reshape(n * n, *baseline.shape), target)
-        return metric.compute()
+        baseline = adapter.logits(images, max_batch, classes)
+        rows = max_batch or default_max_batch(adapter.model, prepared, selected)
+        mutants = deletion_mutant_logits(
+            adapter.model, prepared, n, selected, max_batch=rows, output_transform=adapter.finish
+        )
+        translated = adapter.logits(region_translations(images, n, t).flatten(0, 1), rows)
+        return DScoreRun(images, target, baseline, mutants, translated.reshape(n * n, *baseline.shape), classes)

@@ -39,6 +39,8 @@ class GAResult:
             rows not found hold the seed itself.
         found: ``(S, m)`` whether each row is an adversarial example (``J ≥ 0``).
         loss: ``(S, m)`` prediction loss ``J`` of each row (NaN where not found).
+        logits: ``(S, m, K)`` the model's logits on each row (the seed's where not found): what
+            :class:`~dlguard.metrics.AEQuality` takes, with no second forward pass.
         quality: ``(S, m)`` perceptual quality ``q`` against the seed (NaN where not found).
         first_success: ``(S,)`` the first evaluation at which the population held an adversarial example
             (0: the initial population, ``t``: after ``t`` iterations; -1: never).
@@ -49,6 +51,7 @@ class GAResult:
     examples: Tensor
     found: Tensor
     loss: Tensor
+    logits: Tensor
     quality: Tensor
     first_success: Tensor
     ae_proportion: Tensor
@@ -152,19 +155,22 @@ def _pass_slices(seeds: int, population: int, max_batch: int | None) -> list[sli
 class _Chunk:
     """The populations of a chunk of seeds, ``(C, N, D)``, with their model and fitness evaluations."""
 
-    def __init__(self, adapter: ModelAdapter, seeds: Tensor, labels: Tensor, options: dict) -> None:
-        self.adapter, self.options = adapter, options
+    def __init__(
+        self, adapter: ModelAdapter, seeds: Tensor, labels: Tensor, seed_logits: Tensor, options: dict
+    ) -> None:
+        self.adapter, self.options, self.seed_logits = adapter, options, seed_logits
         self.shape, self.count, self.size = seeds.shape[1:], len(seeds), options["population"]
         self.seeds, self.labels = seeds.reshape(len(seeds), 1, -1), labels.repeat_interleave(self.size)
         radius = options["radius"]
         self.lower, self.upper = (self.seeds - radius).clamp_(min=0), (self.seeds + radius).clamp_(max=1)
 
-    def loss(self, population: Tensor) -> Tensor:
-        """``J`` of every individual, ``(C, N)``, in passes of whole populations."""
+    def loss(self, population: Tensor) -> tuple[Tensor, Tensor]:
+        """``J`` of every individual, ``(C, N)``, and its logits ``(C, N, K)``, in passes of whole populations."""
         rows = population.reshape(-1, *self.shape)
         passes = _pass_slices(self.count, self.size, self.options["max_batch"])
         logits = torch.cat([self.adapter.logits(rows[part], num_classes=self.options["classes"]) for part in passes])
-        return prediction_loss(logits, self.labels).view(self.count, self.size).to(population.dtype)
+        loss = prediction_loss(logits, self.labels).view(self.count, self.size).to(population.dtype)
+        return loss, logits.view(self.count, self.size, -1)
 
     def quality(self, population: Tensor, which: Tensor) -> Tensor:
         """``q`` of every individual of the seeds ``which``, ``(C', N)``."""
@@ -211,7 +217,7 @@ class _Chunk:
         first = torch.full((self.count,), -1, dtype=torch.long, device=device)
         threshold = opts["switch"] * self.size
         for step in range(opts["iterations"] + 1):
-            loss = self.loss(population)
+            loss, logits = self.loss(population)
             first = torch.where((first < 0) & (loss >= 0).any(dim=1), step, first)
             if step == opts["iterations"]:
                 break
@@ -230,17 +236,19 @@ class _Chunk:
             "examples": examples.reshape(self.count, -1, *self.shape),
             "found": found,
             "loss": torch.where(found, loss[rows, chosen], nan),
+            "logits": torch.where(found[..., None], logits[rows, chosen], self.seed_logits[:, None]),
             "quality": torch.where(found, quality[rows, chosen], nan),
             "first_success": first,
             "ae_proportion": adversarial.to(loss.dtype).mean(dim=1),
         }
 
 
-def check_ga_options(seeds: Tensor | None, radius: float, **ga: Any) -> None:
+def check_ga_options(seeds: Tensor | None, radius: float, values: bool = True, **ga: Any) -> None:
     """Refuse bad :func:`two_step_ga` arguments before any work, as the GA itself would.
 
     For callers that do work before the GA, such as seed selection, or that take the GA's arguments
-    long before they have seeds (``seeds=None``: the seed-dependent checks wait for the GA).
+    long before they have seeds (``seeds=None``: the seed-dependent checks wait for the GA);
+    ``values=False`` skips reading the seeds' values (range, NaN) for callers that checked them.
     """
     defaults = {
         name: parameter.default
@@ -252,13 +260,7 @@ def check_ga_options(seeds: Tensor | None, radius: float, **ga: Any) -> None:
         raise ValueError(f"ga: unknown two_step_ga arguments {unknown}; expected some of {sorted(defaults)}")
     _check_settings({**defaults, **ga, "radius": radius})
     if seeds is not None:
-        _check_seeds(seeds, {**defaults, **ga})
-
-
-def _check_options(seeds: object, options: dict) -> Tensor:
-    """Every argument checked before any work (ValueError naming it)."""
-    _check_settings(options)
-    return _check_seeds(seeds, options)
+        _check_seeds(seeds, {**defaults, **ga}, values)
 
 
 def _check_settings(options: dict) -> None:
@@ -287,10 +289,12 @@ def _check_settings(options: dict) -> None:
     check_measure(options["perceptual"])
 
 
-def _check_seeds(seeds: object, options: dict) -> Tensor:
-    """Seeds in ``[0, 1]`` that the perceptual measure can score."""
+def _check_seeds(seeds: object, options: dict, values: bool = True) -> Tensor:
+    """Seeds in ``[0, 1]`` (values checked unless ``values=False``) that the perceptual measure can score."""
     seeds = check_tensor("seeds", seeds, min_ndim=2, floating=True)
-    check_values("seeds", seeds, (0.0, 1.0), "seeds are pixels; pass preprocess= via a ModelAdapter for the model")
+    if values:
+        hint = "seeds are pixels; pass preprocess= via a ModelAdapter for the model"
+        check_values("seeds", seeds, (0.0, 1.0), hint)
     check_measure(options["perceptual"], seeds.ndim)
     if options["perceptual"] == "ssim" and min(seeds.shape[-2:]) < 11:
         raise ValueError(f"perceptual: 'ssim' needs images of at least 11x11, got {tuple(seeds.shape[1:])}")
@@ -300,7 +304,7 @@ def _check_seeds(seeds: object, options: dict) -> Tensor:
 def two_step_ga(
     model: nn.Module | ModelAdapter,
     seeds: Tensor,
-    labels: Tensor,
+    target: Tensor,
     radius: float = 0.1,
     *,
     population: int = 1000,
@@ -317,6 +321,7 @@ def two_step_ga(
     keys: Tensor | None = None,
     max_elements: int | None = None,
     max_batch: int | None = None,
+    validate_args: bool = True,
 ) -> GAResult:
     """HDA's two-step GA (SPEC §4, papers/002 Algorithm 1): adversarial test cases close to each seed.
 
@@ -344,7 +349,7 @@ def two_step_ga(
     Args:
         model: the network or a :class:`~dlguard.probes.ModelAdapter` (``preprocess`` maps pixels for it).
         seeds: ``(S, *input_shape)`` seeds in ``[0, 1]`` (images, 1-D signals ``(S, C, T)``, ...).
-        labels: ``(S,)`` their labels ``y``.
+        target: ``(S,)`` their labels ``y``.
         radius: ``r`` of the L∞ ball, in ``(0, 1]``.
         population: ``N``.
         iterations: ``T``.
@@ -360,8 +365,9 @@ def two_step_ga(
         keys: ``(S,)`` integer keys of the seeds (default :func:`~dlguard._random.content_keys`).
         max_elements: bound on ``chunk · N · elements`` held at once (memory: about 6x this in values);
             default ``2**26`` on accelerators, ``2**20`` on CPU (one MNIST population of 1,000).
-        max_batch: rows per forward pass; default a whole chunk on accelerators, ``2**19 / elements``
-            rows (at least 8) on CPU.
+        max_batch: rows per forward pass; default (``None``) a memory budget of the GA's own: a whole
+            chunk on accelerators, ``2**19 / elements`` rows (at least 8) on CPU.
+        validate_args: check the seeds' values and the labels' range (skip when the caller did).
 
     On CPU, large chunks and passes are memory-bound (``benchmarks/hda.py``: 2.4x slower for 16
     MNIST seeds in one 16,000-row pass than one seed at a time in 500-row passes), hence the smaller
@@ -389,17 +395,18 @@ def two_step_ga(
         switch=switch, alpha=alpha, perceptual=perceptual, mutation_rate=mutation_rate, mutation_std=mutation_std,
         init_std=init_std, seed=seed, max_elements=max_elements, max_batch=max_batch,
     )  # fmt: skip
-    seeds = _check_options(seeds, options)
-    check_labels("labels", labels, batch=len(seeds))
+    _check_settings(options)
+    seeds = _check_seeds(seeds, options, values=validate_args)
+    check_labels("target", target, batch=len(seeds))
     if keys is not None:
         check_tensor("keys", keys)
         if keys.is_floating_point() or tuple(keys.shape) != (len(seeds),):
             raise ValueError(
                 f"keys: expected integer keys of shape ({len(seeds)},), got {keys.dtype} {tuple(keys.shape)}"
             )
-    adapter = model if isinstance(model, ModelAdapter) else ModelAdapter(model)
+    adapter = ModelAdapter.wrap(model)
     device = adapter.device
-    seeds, labels = seeds.detach().to(device).clone(), labels.detach().to(device).clone()
+    seeds, labels = seeds.detach().to(device).clone(), target.detach().to(device).clone()
     keys = content_keys(seeds, seed) if keys is None else keys
     generators = [torch.Generator(device=device).manual_seed(_generator_seed(seed, int(k))) for k in keys.tolist()]
     elements = max(1, seeds[0].numel() if len(seeds) else 1)
@@ -409,16 +416,21 @@ def two_step_ga(
     chunk = max(1, (max_elements or 2**26) // (population * elements))
     parts: list[dict[str, Tensor]] = []
     with evaluation(adapter.model), torch.no_grad():
-        if len(seeds):
-            options["classes"] = adapter.logits(seeds, max_batch).shape[1]  # raises on non-logit outputs
-            check_labels("labels", labels, num_classes=options["classes"])
+        seed_logits = adapter.logits(seeds, max_batch) if len(seeds) else None  # raises on non-logit outputs
+        if seed_logits is not None:
+            options["classes"] = seed_logits.shape[1]
+            if validate_args:
+                check_labels("target", labels, num_classes=options["classes"])
         for start in range(0, len(seeds), chunk):
             part = slice(start, start + chunk)
-            parts.append(_Chunk(adapter, seeds[part], labels[part], options).run(generators[part]))
+            assert seed_logits is not None
+            chunk_seeds = _Chunk(adapter, seeds[part], labels[part], seed_logits[part], options)
+            parts.append(chunk_seeds.run(generators[part]))
     if not parts:
         empty = seeds.new_zeros((0, num_best, *seeds.shape[1:]))
         flags = torch.zeros(0, num_best, dtype=torch.bool, device=device)
-        return GAResult(empty, flags, flags.to(seeds.dtype), flags.to(seeds.dtype),
+        no_logits = seeds.new_zeros((0, num_best, 0))
+        return GAResult(empty, flags, flags.to(seeds.dtype), no_logits, flags.to(seeds.dtype),
                         torch.zeros(0, dtype=torch.long, device=device), seeds.new_zeros(0), iterations)  # fmt: skip
     merged = {name: torch.cat([p[name] for p in parts]) for name in parts[0]}
     return GAResult(iterations=iterations, **merged)

@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from dlguard._validation import check_images, check_labels, positive_int
-from dlguard.metrics.functional.object_relevancy import ObjectRelevancyScores, object_relevancy
+from dlguard._validation import check_images, check_labels, check_tensor, positive_int, probability
+from dlguard.generate.failures import Failures
+from dlguard.metrics.functional.object_relevancy import ObjectRelevancyScores, object_relevancy, unreliable
 from dlguard.probes.adapter import ModelAdapter
 from dlguard.probes.evaluation import evaluation
 
@@ -21,19 +22,32 @@ __all__ = ["ObjectRelevancyRun", "object_relevancy_test"]
 
 @dataclass
 class ObjectRelevancyRun:
-    """What one object-relevancy test of ``B`` inferences found.
+    """What one object-relevancy test of ``B`` inferences found; each inference is scored once, here.
+
+    Feed ``scores`` to :class:`~dlguard.metrics.ObjectRelevancy` (``update(run.scores)``); its sums
+    reduce over processes.
 
     Attributes:
-        scores: the inferences' :class:`~dlguard.metrics.functional.object_relevancy.ObjectRelevancyScores`.
+        inputs: ``(B, C, H, W)`` the sources.
+        target: ``(B,)`` their labels.
+        scores: the inferences' :class:`~dlguard.metrics.functional.object_relevancy.ObjectRelevancyScores`,
+            with each follow-up's own score (``scores.follow_up``, ``(B, F)``).
         logits: ``(B, K)`` the sources' logits.
         follow_up_logits: ``(B, F, K)`` the follow-ups' logits.
         follow_ups: the follow-ups the model was run on.
+        flagged: ``(B,)`` the unreliable inferences: correct, ``p ≥ p_high`` and ``S < s_low``.
+        failures: the background-swapped follow-ups of the unreliable inferences, with their labels:
+            the same objects on other backgrounds, to teach the model the object.
     """
 
+    inputs: Tensor
+    target: Tensor
     scores: ObjectRelevancyScores
     logits: Tensor
     follow_up_logits: Tensor
     follow_ups: FollowUps
+    flagged: Tensor
+    failures: Failures
 
 
 def object_relevancy_test(
@@ -41,7 +55,11 @@ def object_relevancy_test(
     images: Tensor,
     target: Tensor,
     follow_ups: FollowUps,
-    max_batch: int = 1024,
+    max_batch: int | None = None,
+    *,
+    p_high: float = 0.9,
+    s_low: float = 0.5,
+    validate_args: bool = True,
 ) -> ObjectRelevancyRun:
     """Object relevancy ``S`` of a classifier's inferences on ``images`` from their follow-ups.
 
@@ -55,10 +73,14 @@ def object_relevancy_test(
         images: ``(B, C, H, W)`` the sources in ``[0, 1]``.
         target: ``(B,)`` their labels.
         follow_ups: the sources' follow-ups.
-        max_batch: inputs per forward pass.
+        max_batch: inputs per forward pass (``None``: a memory budget, :func:`~dlguard.probes.default_max_batch`).
+        p_high: confidence from which a correct inference can be unreliable.
+        s_low: object relevancy below which a confident correct inference is unreliable.
+        validate_args: check the images' values (range, NaN) and the labels' range; callers that
+            checked them already (a callback's probe set) pass ``False``.
 
     Returns:
-        An :class:`ObjectRelevancyRun`: scores, logits and follow-up logits.
+        An :class:`ObjectRelevancyRun`: scores, logits, follow-up logits and the failures to replay.
 
     Example:
         >>> import torch
@@ -81,11 +103,18 @@ def object_relevancy_test(
         >>> [round(v, 2) for v in run.scores.per_function[0, :5].tolist()]  # Poisson blending shifts the red
         [1.0, 0.0, 1.0, 0.72, 1.0]
     """
-    adapter = model if isinstance(model, ModelAdapter) else ModelAdapter(model)
-    check_images(images)
+    adapter = ModelAdapter.wrap(model)
+    if validate_args:
+        check_images(images)
+    else:
+        check_tensor("images", images, floating=True)
+        if images.ndim != 4:
+            raise ValueError(f"images: expected images (B, C, H, W), got shape {tuple(images.shape)}")
     batch = images.shape[0]
     check_labels("target", target, batch)
-    positive_int("max_batch", max_batch)
+    if max_batch is not None:
+        positive_int("max_batch", max_batch)
+    p_high, s_low = probability("p_high", p_high), probability("s_low", s_low)
     if len(follow_ups) != batch or follow_ups.inputs.shape[2:] != images.shape[1:]:
         raise ValueError(
             f"follow_ups: expected the follow-ups of these {batch} images {tuple(images.shape[1:])}, got "
@@ -93,8 +122,9 @@ def object_relevancy_test(
         )
     count = follow_ups.inputs.shape[1]
     with evaluation(adapter.model), torch.no_grad():
-        logits = adapter.logits(images, max_batch=max_batch)
-        follow = adapter.logits(follow_ups.inputs.flatten(0, 1), max_batch=max_batch, num_classes=logits.shape[1])
+        rows = adapter.rows_per_pass(images, max_batch)
+        logits = adapter.logits(images, max_batch=rows)
+        follow = adapter.logits(follow_ups.inputs.flatten(0, 1), max_batch=rows, num_classes=logits.shape[1])
     follow = follow.view(batch, count, -1)
     device = logits.device
     scores = object_relevancy(
@@ -105,4 +135,8 @@ def object_relevancy_test(
         follow_ups.preserving.to(device),
         follow_ups.valid.to(device),
     )
-    return ObjectRelevancyRun(scores, logits, follow, follow_ups)
+    flagged = unreliable(scores, p_high, s_low).cpu()
+    swapped = follow_ups.background_swapped()[flagged]  # (U, n_backgrounds, C, H, W)
+    labels = target.cpu()[flagged][:, None].expand(swapped.shape[:2])
+    failures = Failures(swapped.flatten(0, 1), labels.flatten())
+    return ObjectRelevancyRun(images, target, scores, logits, follow, follow_ups, flagged, failures)

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from dlguard._validation import check_labels, positive_int
+from dlguard.generate.outputs import correct_predictions
 from dlguard.probes.adapter import ModelAdapter
 from dlguard.probes.evaluation import evaluation
 
@@ -63,7 +64,7 @@ def balanced_correct_subset(
     per_class: int = 200,
     seed: int = 0,
     *,
-    batch_size: int = 256,
+    max_batch: int | None = None,
     num_classes: int | None = None,
     preprocess: Callable[[Tensor], Tensor] | None = None,
     output_transform: Callable[[Any], Tensor] | None = None,
@@ -82,7 +83,8 @@ def balanced_correct_subset(
         dataset: map-style dataset of ``(input, label)``.
         per_class: inputs to keep per class.
         seed: seed of the draw.
-        batch_size: batch size of the prediction pass.
+        max_batch: inputs per forward pass of the prediction pass (``None``: a memory budget,
+            :func:`~dlguard.probes.default_max_batch`).
         num_classes: classes to sample (``0..num_classes-1``); default: the labels present.
         preprocess: applied to the dataset's inputs before the model (e.g. ``Normalize``).
         output_transform: adapts the model's output to logits.
@@ -105,23 +107,24 @@ def balanced_correct_subset(
         ({0: 2, 1: 2}, [0, 0, 1, 1])
     """
     positive_int("per_class", per_class)
-    positive_int("batch_size", batch_size)
+    if max_batch is not None:
+        positive_int("max_batch", max_batch)
     _check_labelled(dataset)
     adapter = model if isinstance(model, ModelAdapter) else ModelAdapter(model, preprocess, output_transform)
     device = adapter.device
     correct_parts, label_parts = [], []
-    with evaluation(adapter.model), torch.no_grad():
-        # its own generator: iterating a loader would otherwise draw a seed from the global RNG
-        loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, generator=torch.Generator())
-        for number, (inputs, labels) in enumerate(loader):
-            labels = torch.as_tensor(labels, device=device).reshape(-1)
-            check_labels("dataset", labels, num_classes=num_classes)
-            if inputs.is_floating_point() and torch.isnan(inputs).any():
-                row = number * batch_size + int(torch.isnan(inputs).flatten(1).any(1).nonzero()[0])
-                raise ValueError(f"dataset: item {row} contains NaN")
-            logits = adapter.logits(inputs)
-            correct_parts.append(logits.argmax(dim=1) == labels)
-            label_parts.append(labels.long())
+    with evaluation(adapter.model):
+        rows = adapter.rows_per_pass(torch.as_tensor(dataset[0][0])[None], max_batch)
+    # its own generator: iterating a loader would otherwise draw a seed from the global RNG
+    loader = DataLoader(dataset, batch_size=rows, shuffle=False, generator=torch.Generator())
+    for number, (inputs, labels) in enumerate(loader):
+        labels = torch.as_tensor(labels, device=device).reshape(-1)
+        check_labels("dataset", labels, num_classes=num_classes)
+        if inputs.is_floating_point() and torch.isnan(inputs).any():
+            row = number * rows + int(torch.isnan(inputs).flatten(1).any(1).nonzero()[0])
+            raise ValueError(f"dataset: item {row} contains NaN")
+        correct_parts.append(correct_predictions(adapter, inputs, labels))
+        label_parts.append(labels.long())
     correct = torch.cat(correct_parts).cpu()
     labels = torch.cat(label_parts).cpu()
 

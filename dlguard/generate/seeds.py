@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from dlguard._validation import check_labels, check_tensor, check_values, positive_int
-from dlguard.generate.attacks import _adapter, _ce_gradient, _check_inputs, _input_gradients
+from dlguard.generate.gradients import input_gradients, loss_gradient
 from dlguard.probes.adapter import ModelAdapter
 from dlguard.probes.evaluation import evaluation
 
@@ -27,7 +27,20 @@ __all__ = ["gradient_indicator", "seed_scores", "select_seeds", "separation_indi
 Vulnerability = Literal["high", "low"]
 
 
-def gradient_indicator(model: nn.Module | ModelAdapter, inputs: Tensor, target: Tensor, max_batch: int = 256) -> Tensor:
+def _check_inputs(inputs: Tensor, target: Tensor, validate_args: bool) -> None:
+    check_tensor("inputs", inputs, floating=True)
+    if validate_args:
+        check_values("inputs", inputs, None)
+    check_labels("target", target, batch=len(inputs))
+
+
+def gradient_indicator(
+    model: nn.Module | ModelAdapter,
+    inputs: Tensor,
+    target: Tensor,
+    max_batch: int | None = None,
+    validate_args: bool = True,
+) -> Tensor:
     """``S_grad = ‖∇_x CE(f(x), y)‖_∞`` per input: the largest pixel-space loss gradient (SPEC §4).
 
     The gradient is taken with respect to the pixel-space ``inputs`` (``preprocess`` applies after
@@ -39,7 +52,9 @@ def gradient_indicator(model: nn.Module | ModelAdapter, inputs: Tensor, target: 
         model: the network, or a :class:`~dlguard.probes.ModelAdapter`.
         inputs: ``(B, ...)`` floating inputs (pixels in ``[0, 1]`` for images; no range is enforced).
         target: ``(B,)`` labels.
-        max_batch: rows per forward and backward pass.
+        max_batch: rows per forward and backward pass (``None``: a memory budget,
+            :func:`~dlguard.probes.default_max_batch`).
+        validate_args: check the inputs for NaN (skip when the caller did).
 
     Returns:
         ``(B,)`` on the **model's** device, in ``inputs``' dtype.
@@ -52,16 +67,18 @@ def gradient_indicator(model: nn.Module | ModelAdapter, inputs: Tensor, target: 
         >>> gradient_indicator(net, x, y)
         tensor([3.])
     """
-    positive_int("max_batch", max_batch)
-    _check_inputs(inputs, target, bounds=None)
-    adapter = _adapter(model)
+    if max_batch is not None:
+        positive_int("max_batch", max_batch)
+    _check_inputs(inputs, target, validate_args)
+    adapter = ModelAdapter.wrap(model)
     device = adapter.device
     parts = []
-    with _input_gradients(adapter.model):
-        for begin in range(0, len(inputs), max_batch):
-            part = inputs[begin : begin + max_batch].to(device)
-            labels = target[begin : begin + max_batch].to(device).clone().long()
-            parts.append(_ce_gradient(adapter, part, labels).flatten(1).abs().amax(dim=1))
+    with input_gradients(adapter.model):
+        rows = adapter.rows_per_pass(inputs, max_batch) if len(inputs) else 1
+        for begin in range(0, len(inputs), rows):
+            part = inputs[begin : begin + rows].to(device)
+            labels = target[begin : begin + rows].to(device).clone().long()
+            parts.append(loss_gradient(adapter, part, labels).flatten(1).abs().amax(dim=1))
     return torch.cat(parts) if parts else inputs.new_zeros(0, device=device)
 
 
@@ -71,7 +88,8 @@ def separation_indicator(
     target: Tensor,
     reference: Tensor | None = None,
     reference_target: Tensor | None = None,
-    max_batch: int = 1024,
+    max_batch: int | None = None,
+    validate_args: bool = True,
 ) -> Tensor:
     """``S_sep = min ‖f(x) − f(x̂)‖_∞`` over reference inputs ``x̂`` of another label, on logits (SPEC §4).
 
@@ -81,7 +99,9 @@ def separation_indicator(
         target: ``(B,)`` their labels.
         reference: ``(R, ...)`` the inputs ``x̂`` to compare with; default ``inputs`` themselves.
         reference_target: ``(R,)`` their labels (given exactly when ``reference`` is).
-        max_batch: rows per forward pass, and query rows per ``(rows, R)`` distance block.
+        max_batch: rows per forward pass, and query rows per ``(rows, R)`` distance block (``None``: a
+            memory budget, :func:`~dlguard.probes.default_max_batch`).
+        validate_args: check the inputs and references for NaN (skip when the caller did).
 
     Returns:
         ``(B,)`` on the model's device; ``inf`` for an input with no reference of another label.
@@ -92,17 +112,20 @@ def separation_indicator(
         >>> separation_indicator(net, x, y)
         tensor([0.3000, 0.3000, 1.0000])
     """
-    positive_int("max_batch", max_batch)
-    _check_inputs(inputs, target, bounds=None)
+    if max_batch is not None:
+        positive_int("max_batch", max_batch)
+    _check_inputs(inputs, target, validate_args)
     if (reference is None) != (reference_target is None):
         raise ValueError("reference_target: expected reference and reference_target both given or both None")
     if reference is not None:
         check_tensor("reference", reference, floating=True)
-        check_values("reference", reference, None)
+        if validate_args:
+            check_values("reference", reference, None)
         check_labels("reference_target", reference_target, batch=len(reference))
-    adapter = _adapter(model)
+    adapter = ModelAdapter.wrap(model)
     device = adapter.device
     with evaluation(adapter.model), torch.no_grad():
+        max_batch = adapter.rows_per_pass(inputs, max_batch) if len(inputs) else 1
         logits = adapter.logits(inputs, max_batch=max_batch)
         if reference is None:
             other, other_target = logits, target
@@ -122,12 +145,12 @@ def separation_indicator(
     return torch.cat(parts) if parts else logits.new_zeros(0)
 
 
-def _check_vector(name: str, value: object, size: int | None = None) -> Tensor:
+def _check_vector(name: str, value: object, size: int | None = None, values: bool = True) -> Tensor:
     tensor = check_tensor(name, value, floating=True)
     if tensor.ndim != 1 or (size is not None and len(tensor) != size):
         expected = "(N,)" if size is None else f"({size},)"
         raise ValueError(f"{name}: expected shape {expected}, got {tuple(tensor.shape)}")
-    if torch.isnan(tensor).any():
+    if values and torch.isnan(tensor).any():
         raise ValueError(f"{name}: contains NaN")
     return tensor
 
@@ -144,7 +167,9 @@ def _minmax(values: Tensor) -> Tensor:
     return scaled
 
 
-def seed_scores(log_density: Tensor, indicator: Tensor, vulnerability: Vulnerability = "high") -> Tensor:
+def seed_scores(
+    log_density: Tensor, indicator: Tensor, vulnerability: Vulnerability = "high", validate_args: bool = True
+) -> Tensor:
     """Log seed scores ``log p_g + log minmax(S)``: the log of SPEC §4's ranking ``p_g · minmax(S)``.
 
     ``vulnerability="high"`` when a larger indicator means less robust (``S_grad``);
@@ -158,6 +183,7 @@ def seed_scores(log_density: Tensor, indicator: Tensor, vulnerability: Vulnerabi
         log_density: ``(N,)`` ``log p_g`` of the candidates (``−inf`` allowed, NaN and ``+inf`` not).
         indicator: ``(N,)`` the local robustness indicator (no NaN).
         vulnerability: ``"high"`` or ``"low"``, see above.
+        validate_args: check the values (NaN, ``+inf``); callers that made them skip it.
 
     Returns:
         ``(N,)`` log scores on ``log_density``'s device (``−inf`` for a zero score).
@@ -167,9 +193,9 @@ def seed_scores(log_density: Tensor, indicator: Tensor, vulnerability: Vulnerabi
         >>> seed_scores(log_p, torch.tensor([1.0, 2.0, 3.0, 5.0])).exp()  # p · (0, 1/4, 1/2, 1)
         tensor([0.0000, 0.2000, 0.0500, 0.0600])
     """
-    log_density = _check_vector("log_density", log_density)
-    indicator = _check_vector("indicator", indicator, size=len(log_density))
-    if (log_density == math.inf).any():
+    log_density = _check_vector("log_density", log_density, values=validate_args)
+    indicator = _check_vector("indicator", indicator, size=len(log_density), values=validate_args)
+    if validate_args and (log_density == math.inf).any():
         raise ValueError("log_density: expected finite values or -inf, got +inf")
     if vulnerability not in ("high", "low"):
         raise ValueError(f"vulnerability: expected 'high' or 'low', got {vulnerability!r}")
@@ -185,6 +211,7 @@ def select_seeds(
     correct: Tensor | None = None,
     vulnerability: Vulnerability = "high",
     tie_break: Tensor | None = None,
+    validate_args: bool = True,
 ) -> Tensor:
     """HDA's seeds: the ``k`` correctly classified candidates with the largest ``p_g · minmax(S)`` (SPEC §4).
 
@@ -199,6 +226,7 @@ def select_seeds(
         correct: ``(N,)`` bool mask of the correctly classified candidates; ``None``: all.
         vulnerability: ``"high"`` for ``S_grad``, ``"low"`` for ``S_sep`` (see :func:`seed_scores`).
         tie_break: ``(N,)`` keys ordering equal scores.
+        validate_args: check the values (NaN, ``+inf``); callers that made them skip it.
 
     Returns:
         ``(min(k, number of candidates),)`` int64 indices into the candidates, best first, on
@@ -211,9 +239,9 @@ def select_seeds(
         tensor([1, 3, 2])
     """
     k = positive_int("k", k)
-    log_density = _check_vector("log_density", log_density)
+    log_density = _check_vector("log_density", log_density, values=validate_args)
     size = len(log_density)
-    indicator = _check_vector("indicator", indicator, size=size)
+    indicator = _check_vector("indicator", indicator, size=size, values=validate_args)
     device = log_density.device
     if correct is None:
         correct = torch.ones(size, dtype=torch.bool, device=device)
@@ -222,7 +250,11 @@ def select_seeds(
         raise ValueError(f"correct: expected a bool mask of shape ({size},), got {shape}")
     if tie_break is not None:
         check_tensor("tie_break", tie_break)
-        if tuple(tie_break.shape) != (size,) or tie_break.is_complex() or torch.isnan(tie_break.double()).any():
+        if (
+            tuple(tie_break.shape) != (size,)
+            or tie_break.is_complex()
+            or (validate_args and torch.isnan(tie_break.double()).any())
+        ):
             raise ValueError(f"tie_break: expected ({size},) real keys without NaN, got {tuple(tie_break.shape)}")
     candidates = correct.to(device).nonzero().squeeze(1)
     if len(candidates) == 0:
@@ -234,7 +266,7 @@ def select_seeds(
             stacklevel=2,
         )
         k = len(candidates)
-    scores = seed_scores(log_density[candidates], indicator.to(device)[candidates], vulnerability)
+    scores = seed_scores(log_density[candidates], indicator.to(device)[candidates], vulnerability, validate_args)
     keys = torch.arange(len(candidates), device=device) if tie_break is None else tie_break.to(device)[candidates]
     by_key = keys.argsort(stable=True)
     ranked = by_key[(-scores[by_key]).argsort(stable=True)]  # stable: equal scores keep the key order

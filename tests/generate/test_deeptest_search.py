@@ -283,9 +283,9 @@ NAN[0, 0, 0, 0] = float("nan")
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        ({"transformations": []}, "transformations: expected a non-empty"),
-        ({"transformations": [identity]}, "transformations"),
-        ({"transformations": deeptest_properties()[:1] * 2}, "distinct names"),
+        ({"properties": []}, "properties: expected a non-empty"),
+        ({"properties": [identity]}, "properties: expected dlguard.augment.Property items"),
+        ({"properties": deeptest_properties()[:1] * 2}, "distinct property names"),
         ({"max_failed_tries": 0}, "max_failed_tries"),
         ({"lanes": 0}, "lanes"),
         ({"max_images": 0}, "max_images"),
@@ -300,7 +300,7 @@ NAN[0, 0, 0, 0] = float("nan")
 )
 def test_bad_input_is_refused_before_any_work(change: dict[str, Any], match: str) -> None:
     model = Counting()
-    arguments: dict[str, Any] = {"seeds": smooth_seeds(2), "transformations": deeptest_properties()[:2]} | change
+    arguments: dict[str, Any] = {"seeds": smooth_seeds(2), "properties": deeptest_properties()[:2]} | change
     with pytest.raises(ValueError, match=match):
         coverage_guided_search(model, **arguments)
     assert model.calls == 0

@@ -164,7 +164,8 @@ def test_minmax_of_uniform_vector_is_zeros() -> None:
 def _breed(fitness: Tensor, population: Tensor, elite: int = 5, rate: float = 0.2) -> Tensor:
     options = {"radius": 1.0, "population": population.shape[1], "elite": elite, "mutation_rate": rate,
                "mutation_std": 0.003}  # fmt: skip
-    chunk = _Chunk(ModelAdapter(nn.Identity()), torch.full((1, population.shape[2]), 0.5), torch.zeros(1), options)
+    seeds = torch.full((1, population.shape[2]), 0.5)
+    chunk = _Chunk(ModelAdapter(nn.Identity()), seeds, torch.zeros(1), torch.zeros(1, 2), options)
     return chunk.breed(population, fitness, [torch.Generator().manual_seed(3)])
 
 
@@ -316,9 +317,9 @@ def test_bad_inputs_and_models() -> None:
         two_step_ga(net, torch.full((2, 1, 4, 4), math.nan), labels, **SMALL)
     with pytest.raises(ValueError, match=r"seeds: expected values in \[0, 1\]"):
         two_step_ga(net, seeds_16(2) * 255, labels, **SMALL)
-    with pytest.raises(ValueError, match="labels"):
+    with pytest.raises(ValueError, match="target"):
         two_step_ga(net, seeds_16(2), torch.tensor([0, 1, 2]), **SMALL)
-    with pytest.raises(ValueError, match="labels: expected labels in"):
+    with pytest.raises(ValueError, match="target: expected labels in"):
         two_step_ga(net, seeds_16(2), torch.tensor([0, 3]), **SMALL)
     with pytest.raises(ValueError, match="perceptual: 'ssim' needs images"):
         two_step_ga(MeanScore(20, 0.0), torch.rand(2, 2, 10), labels, perceptual="ssim", **SMALL)

@@ -389,7 +389,7 @@ def _bad_cases() -> list[object]:
     empty = masks.clone()
     empty[1] = False
     scores = _scores(len(target))
-    short = ObjectRelevancyScores(*(field[:-1] for field in scores))
+    short = ObjectRelevancyScores(*(None if field is None else field[:-1] for field in scores))
     nan = scores._replace(removing=torch.full((len(target),), float("nan")))
     only_class_0 = scores._replace(correct=target == 0)
     no_class_2 = scores._replace(correct=target != 2)
