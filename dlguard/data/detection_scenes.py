@@ -35,7 +35,7 @@ from dlguard.data._digits import (
 )
 from dlguard.data._scene_datamodule import _EmbeddedSceneDataModule
 from dlguard.data._seeds import _check_seed, _seed_for
-from dlguard.data.backgrounds import BACKGROUND_KINDS, _backgrounds
+from dlguard.data.backgrounds import BACKGROUND_KINDS, scene_backgrounds
 
 __all__ = ["DetectionSceneDataModule", "DetectionScenes", "make_detection_scenes"]
 
@@ -248,7 +248,7 @@ def make_detection_scenes(
             f"digits: digit {int(keep[empty[0]])} is too faint: no pixel of its scaled image exceeds "
             f"{MASK_THRESHOLD} (its mask would be empty)"
         )
-    backgrounds = _backgrounds(kinds, size, seed)
+    backgrounds = scene_backgrounds(len(kinds), size, kinds=kinds, seed=seed)[0]
     images = painted + (1.0 - alpha[:, None]) * backgrounds
     return DetectionScenes(images, _boxes_from_masks(masks), labels[keep] + 1, masks, kinds, scene[keep], keep)
 

@@ -29,17 +29,17 @@ class ProbeSetPolicy:
     """What a probe set is: how many inputs, how they are chosen, which values they may hold.
 
     Args:
-        size: a uniform random draw of this many inputs (over all processes).
-        per_class: a balanced draw of this many inputs per class (SPEC §5); exclusive with ``size``.
+        probe_size: a uniform random draw of this many inputs (over all processes).
+        per_class: a balanced draw of this many inputs per class (SPEC §5); exclusive with ``probe_size``.
         correct_only: keep only inputs the model classifies correctly (SPEC §5 sampling).
         seed: the draw's seed.
         value_range: every input must lie in it (pixel space, SPEC §0); ``None`` for any values.
         value_range_hint: appended to the error for inputs outside ``value_range``: where it comes from.
         labels: the targets are class labels ``(B,)``; ``False`` for any other targets, e.g. steering
-            angles (regression), which only a ``size`` draw can use (``class_counts`` is then empty).
+            angles (regression), which only a ``probe_size`` draw can use (``class_counts`` is then empty).
     """
 
-    size: int | None = None
+    probe_size: int | None = None
     per_class: int | None = None
     correct_only: bool = False
     seed: int = 0
@@ -48,14 +48,14 @@ class ProbeSetPolicy:
     labels: bool = True
 
     def __post_init__(self) -> None:
-        if (self.size is None) == (self.per_class is None):
-            raise ValueError("size and per_class: expected exactly one of them")
+        if (self.probe_size is None) == (self.per_class is None):
+            raise ValueError("probe_size and per_class: expected exactly one of them")
         if not self.labels and (self.per_class is not None or self.correct_only):
             raise ValueError(
-                "labels: a draw over targets that are not class labels needs size=, not per_class or correct_only"
+                "labels: a draw over targets that are not class labels needs probe_size=, not per_class or correct_only"
             )
-        if self.size is not None:
-            positive_int("size", self.size)
+        if self.probe_size is not None:
+            positive_int("probe_size", self.probe_size)
         if self.per_class is not None:
             positive_int("per_class", self.per_class)
         value_range("value_range", self.value_range)
@@ -108,8 +108,8 @@ def _first_of_each_key(keys: Tensor) -> Tensor:
 
 def _select(keys: Tensor, target: Tensor, policy: ProbeSetPolicy) -> Tensor:
     """Indices of the draw among distinct ``keys``: the smallest keys overall or per class, in key order."""
-    if policy.size is not None:
-        return keys.argsort()[: policy.size]
+    if policy.probe_size is not None:
+        return keys.argsort()[: policy.probe_size]
     by_key = torch.sort(keys, stable=True).indices
     order = by_key[torch.sort(target[by_key].long(), stable=True).indices]  # by class, then by key
     sorted_target = target[order].long()
@@ -264,10 +264,10 @@ class ProbeSetDraw:
                     f"{probe.size} found",
                     stacklevel=3,
                 )
-            elif self.policy.size is not None and probe.size < self.policy.size:
+            elif self.policy.probe_size is not None and probe.size < self.policy.probe_size:
                 warnings.warn(
-                    f"probe set: size={self.policy.size} requested but {self.context} gave only {probe.size} "
-                    "distinct inputs; measuring on those",
+                    f"probe set: probe_size={self.policy.probe_size} requested but {self.context} gave only "
+                    f"{probe.size} distinct inputs; measuring on those",
                     stacklevel=3,
                 )
             return

@@ -44,7 +44,7 @@ from dlguard.data._digits import (
 )
 from dlguard.data._scene_datamodule import _EmbeddedSceneDataModule
 from dlguard.data._seeds import _check_seed, _seed_for
-from dlguard.data.backgrounds import BACKGROUND_KINDS, _backgrounds, _check_kinds
+from dlguard.data.backgrounds import BACKGROUND_KINDS, scene_backgrounds
 
 __all__ = ["SceneDataModule", "Scenes", "make_scenes"]
 
@@ -128,8 +128,7 @@ class Scenes(Dataset[tuple[Tensor, Tensor, Tensor]]):
         Returns:
             New :class:`Scenes` sharing labels, masks, boxes, alpha and colours with this one.
         """
-        kinds = _check_kinds(kinds, len(self))
-        backgrounds = _backgrounds(kinds, self.size, _check_seed(seed))
+        backgrounds, kinds = scene_backgrounds(len(self), self.size, kinds=kinds, seed=seed)
         images = _composite(self.alpha, self.colors, backgrounds)
         return Scenes(images, self.labels, self.masks, self.boxes, kinds, self.alpha, self.colors)
 
@@ -197,7 +196,7 @@ def make_scenes(digits: Tensor, labels: Tensor, *, size: int = 32, spurious: flo
             f"digits: digit {int(empty[0])} is too faint: no pixel of its scaled image exceeds "
             f"{MASK_THRESHOLD} (its mask would be empty)"
         )
-    images = _composite(alpha, colors, _backgrounds(kinds, size, seed))
+    images = _composite(alpha, colors, scene_backgrounds(len(kinds), size, kinds=kinds, seed=seed)[0])
     return Scenes(images, labels, masks, _boxes_from_masks(masks), kinds, alpha, colors)
 
 

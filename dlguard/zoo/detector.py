@@ -22,8 +22,9 @@ from torch import Tensor, nn
 from torchvision.ops import batched_nms, roi_align
 
 from dlguard._validation import check_values, positive_int, probability
+from dlguard.zoo._proposal_checks import _check_dilations, _check_image, _check_levels
 from dlguard.zoo.pretrained import pretrained
-from dlguard.zoo.proposals import DEFAULT_LEVELS, _check_dilations, _check_image, _check_levels, _proposals
+from dlguard.zoo.proposals import DEFAULT_LEVELS, object_proposals
 from dlguard.zoo.scene_classifier import scene_digits
 
 __all__ = ["ProposalDetector"]
@@ -176,7 +177,8 @@ class ProposalDetector(nn.Module):
         return list(images)
 
     def _propose(self, batch: list[Tensor]) -> list[Tensor]:
-        return [_proposals(image, self.levels, self.dilations, self.min_side, self.max_side) for image in batch]
+        settings = {"levels": self.levels, "dilations": self.dilations, "min_side": self.min_side}
+        return [object_proposals(image, **settings, max_side=self.max_side, validate_args=False) for image in batch]
 
     def propose(self, images: Tensor | Sequence[Tensor]) -> list[Tensor]:
         """The proposals of each image, on the CPU.

@@ -13,7 +13,6 @@ proposals of a training scene the labels that classifier learns.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from numbers import Real
 
 import cv2
 import numpy as np
@@ -22,41 +21,12 @@ from torch import Tensor
 from torchvision.ops import box_iou
 
 from dlguard._validation import check_values, positive_int, probability
+from dlguard.zoo._proposal_checks import _check_dilations, _check_image, _check_levels
 
-__all__ = ["label_proposals", "object_proposals"]
+__all__ = ["DEFAULT_LEVELS", "label_proposals", "object_proposals"]
 
 DEFAULT_LEVELS: tuple[float, ...] = (0.45, 0.55, 0.65, 0.75)
 """Thresholds of the channel minimum at which :func:`object_proposals` takes regions."""
-
-
-def _check_levels(levels: object) -> tuple[float, ...]:
-    try:
-        values = tuple(levels)  # type: ignore[arg-type]
-    except TypeError:
-        values = ()
-    if not values or not all(isinstance(v, Real) and not isinstance(v, bool) and 0.0 < v < 1.0 for v in values):
-        raise ValueError(f"levels: expected a non-empty sequence of thresholds in (0, 1), got {levels!r}")
-    return tuple(float(v) for v in values)
-
-
-def _check_dilations(dilations: object) -> tuple[int, ...]:
-    try:
-        values = tuple(dilations)  # type: ignore[arg-type]
-    except TypeError:
-        values = ()
-    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
-        raise ValueError(f"dilations: expected a non-empty sequence of kernel sides >= 1, got {dilations!r}")
-    return tuple(values)
-
-
-def _check_image(name: str, image: object) -> Tensor:
-    if not isinstance(image, Tensor):
-        raise ValueError(f"{name}: expected a tensor image (C, H, W), got {type(image).__name__}")
-    if image.ndim != 3 or image.shape[1] < 1 or image.shape[2] < 1:
-        raise ValueError(f"{name}: expected an image (C, H, W), got shape {tuple(image.shape)}")
-    if not image.is_floating_point():
-        raise ValueError(f"{name}: expected floating-point values in [0, 1], got {image.dtype}")
-    return image
 
 
 def _component_boxes(binary: np.ndarray, dilation: int) -> np.ndarray:
@@ -82,6 +52,7 @@ def object_proposals(
     dilations: Sequence[int] = (1, 3),
     min_side: int = 4,
     max_side: int = 40,
+    validate_args: bool = True,
 ) -> Tensor:
     """Candidate object boxes of one image: connected bright regions of its channel minimum, with OpenCV.
 
@@ -97,6 +68,7 @@ def object_proposals(
         dilations: dilation kernel sides, at least 1.
         min_side: smallest longer side of a box, in pixels.
         max_side: largest longer side of a box, in pixels.
+        validate_args: check the image's values (range, NaN); a caller that checked them passes ``False``.
 
     Returns:
         float32 ``(n, 4)`` boxes ``xyxy`` (``x2``, ``y2`` exclusive) on the CPU, in lexicographic order.
@@ -114,14 +86,8 @@ def object_proposals(
     dilations = _check_dilations(dilations)
     min_side = positive_int("min_side", min_side)
     max_side = positive_int("max_side", max_side, minimum=min_side)
-    check_values("image", image)
-    return _proposals(image, levels, dilations, min_side, max_side)
-
-
-def _proposals(
-    image: Tensor, levels: tuple[float, ...], dilations: tuple[int, ...], min_side: int, max_side: int
-) -> Tensor:
-    """:func:`object_proposals` of a checked image with checked settings."""
+    if validate_args:
+        check_values("image", image)
     darkest = image.detach().amin(dim=0).float().cpu().numpy()
     found = [np.empty((0, 4), dtype=np.int64)]
     for level in levels:

@@ -29,8 +29,8 @@ def brute_force(x: torch.Tensor, y: torch.Tensor, correct: torch.Tensor, policy:
     """Indices of the reference draw, ordered by key: keys over the whole set at once, smallest kept."""
     keys = content_keys(x, policy.seed).tolist()
     candidates = [i for i in range(len(x)) if correct[i] or not policy.correct_only]
-    if policy.size is not None:
-        chosen = sorted(candidates, key=lambda i: keys[i])[: policy.size]
+    if policy.probe_size is not None:
+        chosen = sorted(candidates, key=lambda i: keys[i])[: policy.probe_size]
     else:
         chosen = []
         for cls in sorted(set(y.tolist())):
@@ -56,15 +56,15 @@ def stream(draw: ProbeSetDraw, x, y, correct, batches) -> None:
 
 
 POLICIES = [
-    ProbeSetPolicy(size=25, seed=0),
-    ProbeSetPolicy(size=25, seed=7),
-    ProbeSetPolicy(size=40, correct_only=True, seed=1),
+    ProbeSetPolicy(probe_size=25, seed=0),
+    ProbeSetPolicy(probe_size=25, seed=7),
+    ProbeSetPolicy(probe_size=40, correct_only=True, seed=1),
     ProbeSetPolicy(per_class=6, seed=2),
     ProbeSetPolicy(per_class=6, correct_only=True, seed=3),
 ]
 
 
-@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: f"size{p.size}-pc{p.per_class}-c{p.correct_only}-s{p.seed}")
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: f"size{p.probe_size}-pc{p.per_class}-c{p.correct_only}-s{p.seed}")
 @pytest.mark.parametrize("split_seed", [0, 1, 2])
 def test_streaming_draw_equals_brute_force(policy: ProbeSetPolicy, split_seed: int) -> None:
     x, y, correct = dataset()
@@ -91,7 +91,7 @@ def test_draws_differ_by_seed_and_are_uniform_over_inputs() -> None:
     x, y, _correct = dataset()
     hits = torch.zeros(N)
     for seed in range(200):
-        draw = ProbeSetDraw(ProbeSetPolicy(size=30, seed=seed))
+        draw = ProbeSetDraw(ProbeSetPolicy(probe_size=30, seed=seed))
         draw.add(x, y)
         probe = draw.finish()
         hits[torch.isin(content_keys(x, seed), probe.keys)] += 1
@@ -102,12 +102,12 @@ def test_draws_differ_by_seed_and_are_uniform_over_inputs() -> None:
 
 def test_repeated_inputs_count_once() -> None:
     x, y, correct = dataset()
-    draw = ProbeSetDraw(ProbeSetPolicy(size=N))
+    draw = ProbeSetDraw(ProbeSetPolicy(probe_size=N))
     draw.add(x[:200], y[:200])
     draw.add(x[100:], y[100:])  # rows 100..199 again
     probe = draw.finish()
     assert probe.size == N
-    assert torch.equal(probe.inputs, x[brute_force(x, y, correct, ProbeSetPolicy(size=N))])
+    assert torch.equal(probe.inputs, x[brute_force(x, y, correct, ProbeSetPolicy(probe_size=N))])
 
 
 @pytest.mark.parametrize("policy", [POLICIES[0], POLICIES[4]], ids=["size", "per_class_correct"])
@@ -130,11 +130,11 @@ def test_restore_by_keys_finds_the_same_inputs_in_other_batches(policy: ProbeSet
 
 def test_restore_warns_when_some_inputs_are_missing() -> None:
     x, y, _correct = dataset()
-    first = ProbeSetDraw(ProbeSetPolicy(size=25))
+    first = ProbeSetDraw(ProbeSetPolicy(probe_size=25))
     first.add(x, y)
     probe = first.finish()
     present = ~torch.isin(content_keys(x), probe.all_keys[:4])  # the 4 smallest keys are gone
-    again = ProbeSetDraw(ProbeSetPolicy(size=25), restore=probe.all_keys, context="validation loader 0")
+    again = ProbeSetDraw(ProbeSetPolicy(probe_size=25), restore=probe.all_keys, context="validation loader 0")
     again.add(x[present], y[present])
     with pytest.warns(UserWarning, match=r"4 of the 25 inputs .* not found in validation loader 0.* 21 found"):
         restored = again.finish()
@@ -144,10 +144,10 @@ def test_restore_warns_when_some_inputs_are_missing() -> None:
 
 def test_restore_with_nothing_found_is_an_error() -> None:
     x, y, _ = dataset()
-    first = ProbeSetDraw(ProbeSetPolicy(size=5))
+    first = ProbeSetDraw(ProbeSetPolicy(probe_size=5))
     first.add(x, y)
     probe = first.finish()
-    again = ProbeSetDraw(ProbeSetPolicy(size=5), restore=probe.all_keys)
+    again = ProbeSetDraw(ProbeSetPolicy(probe_size=5), restore=probe.all_keys)
     again.add(dataset(seed=1)[0], y)
     with pytest.raises(ValueError, match="none of the 5 inputs kept in the checkpoint"):
         again.finish()
@@ -155,7 +155,7 @@ def test_restore_with_nothing_found_is_an_error() -> None:
 
 def test_fewer_inputs_than_size_warns_and_keeps_all() -> None:
     x, y, _ = dataset()
-    draw = ProbeSetDraw(ProbeSetPolicy(size=500), context="val")
+    draw = ProbeSetDraw(ProbeSetPolicy(probe_size=500), context="val")
     draw.add(x, y)
     with pytest.warns(UserWarning, match=r"size=500 requested but val gave only 300"):
         probe = draw.finish()
@@ -164,7 +164,7 @@ def test_fewer_inputs_than_size_warns_and_keeps_all() -> None:
 
 def test_no_batches_is_an_error() -> None:
     with pytest.raises(ValueError, match="gave no inputs"):
-        ProbeSetDraw(ProbeSetPolicy(size=3), context="validation loader 0").finish()
+        ProbeSetDraw(ProbeSetPolicy(probe_size=3), context="validation loader 0").finish()
 
 
 def test_nothing_correct_is_an_error() -> None:
@@ -189,27 +189,27 @@ def test_nan_and_out_of_range_inputs_are_refused() -> None:
     bad = x.clone()
     bad[3, 0, 1, 1] = float("nan")
     with pytest.raises(ValueError, match=r"inputs \(validation loader 0\): contains NaN"):
-        ProbeSetDraw(ProbeSetPolicy(size=3), context="validation loader 0").add(bad, y)
+        ProbeSetDraw(ProbeSetPolicy(probe_size=3), context="validation loader 0").add(bad, y)
     with pytest.raises(ValueError, match=r"expected values in \[0, 1\], got values in \[-0\.49"):
-        ProbeSetDraw(ProbeSetPolicy(size=3)).add(x - 0.5, y)
-    normalised = ProbeSetDraw(ProbeSetPolicy(size=3, value_range=None))
+        ProbeSetDraw(ProbeSetPolicy(probe_size=3)).add(x - 0.5, y)
+    normalised = ProbeSetDraw(ProbeSetPolicy(probe_size=3, value_range=None))
     normalised.add((x - 0.5) / 0.25, y)  # any values when value_range is None
     assert normalised.finish().size == 3
     with pytest.raises(ValueError, match="contains NaN"):
-        ProbeSetDraw(ProbeSetPolicy(size=3, value_range=None)).add(bad, y)
+        ProbeSetDraw(ProbeSetPolicy(probe_size=3, value_range=None)).add(bad, y)
 
 
 def test_bad_labels_are_refused() -> None:
     x, y, _ = dataset()
     with pytest.raises(ValueError, match="target"):
-        ProbeSetDraw(ProbeSetPolicy(size=3)).add(x, y[:-1])
+        ProbeSetDraw(ProbeSetPolicy(probe_size=3)).add(x, y[:-1])
     with pytest.raises(ValueError, match="target"):
-        ProbeSetDraw(ProbeSetPolicy(size=3)).add(x, y.float())
+        ProbeSetDraw(ProbeSetPolicy(probe_size=3)).add(x, y.float())
 
 
 def test_empty_batch_is_skipped() -> None:
     x, y, _ = dataset()
-    draw = ProbeSetDraw(ProbeSetPolicy(size=3))
+    draw = ProbeSetDraw(ProbeSetPolicy(probe_size=3))
     draw.add(x[:0], y[:0])
     draw.add(x, y)
     assert draw.finish().size == 3
@@ -244,7 +244,7 @@ def test_negative_labels_name_target() -> None:
 
 def test_distinct_sparse_inputs_are_all_kept() -> None:
     one_hot = torch.eye(4096).reshape(4096, 1, 64, 64)
-    draw = ProbeSetDraw(ProbeSetPolicy(size=4096))
+    draw = ProbeSetDraw(ProbeSetPolicy(probe_size=4096))
     draw.add(one_hot, torch.zeros(4096, dtype=torch.long))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -255,14 +255,14 @@ def test_distinct_sparse_inputs_are_all_kept() -> None:
     "kwargs, match",
     [
         ({}, "exactly one"),
-        ({"size": 3, "per_class": 2}, "exactly one"),
-        ({"size": 0}, "size"),
+        ({"probe_size": 3, "per_class": 2}, "exactly one"),
+        ({"probe_size": 0}, "probe_size"),
         ({"per_class": -1}, "per_class"),
-        ({"size": 2.5}, "size"),
-        ({"size": 3, "value_range": (1.0, 0.0)}, "value_range"),
-        ({"size": 3, "value_range": (0.0, float("inf"))}, "value_range"),
+        ({"probe_size": 2.5}, "probe_size"),
+        ({"probe_size": 3, "value_range": (1.0, 0.0)}, "value_range"),
+        ({"probe_size": 3, "value_range": (0.0, float("inf"))}, "value_range"),
         ({"per_class": 3, "labels": False}, "labels: a draw over targets that are not class labels"),
-        ({"size": 3, "correct_only": True, "labels": False}, "labels"),
+        ({"probe_size": 3, "correct_only": True, "labels": False}, "labels"),
     ],
 )
 def test_policy_validation(kwargs, match) -> None:
@@ -274,7 +274,7 @@ def test_regression_targets_are_drawn_like_labels() -> None:
     """Steering angles (floats, any sign) ride along with their inputs: the same inputs as a label draw."""
     x, y, correct = dataset()
     angles = torch.linspace(-1.0, 1.0, N)
-    policy = ProbeSetPolicy(size=25, seed=4, labels=False)
+    policy = ProbeSetPolicy(probe_size=25, seed=4, labels=False)
     draw = ProbeSetDraw(policy)
     for rows in random_batches(N, 3):
         draw.add(x[rows], angles[rows])
@@ -287,7 +287,7 @@ def test_regression_targets_are_drawn_like_labels() -> None:
     with pytest.raises(ValueError, match="target"):
         ProbeSetDraw(policy).add(x[:3], torch.tensor([0.1, float("nan"), 0.2]))
     with pytest.raises(ValueError, match="target"):  # a label draw still refuses float targets
-        ProbeSetDraw(ProbeSetPolicy(size=3)).add(x[:3], angles[:3])
+        ProbeSetDraw(ProbeSetPolicy(probe_size=3)).add(x[:3], angles[:3])
 
 
 # ---------------------------------------------------------------- two processes
@@ -299,7 +299,7 @@ def _two_process_draws(rank: int, world: int) -> dict:
     x, y, correct = dataset()
     results = {}
     for name, policy, pad in [
-        ("size", ProbeSetPolicy(size=25, seed=0), False),
+        ("size", ProbeSetPolicy(probe_size=25, seed=0), False),
         ("per_class", ProbeSetPolicy(per_class=6, correct_only=True, seed=3), False),
         ("padded", ProbeSetPolicy(per_class=6, correct_only=True, seed=3), True),
     ]:
@@ -357,7 +357,7 @@ def check_two_equal_one(ranks: list[dict], policy: ProbeSetPolicy) -> None:
 @pytest.mark.ddp
 def test_two_processes_draw_what_one_process_draws(two_process_results: dict) -> None:
     _x, y, correct = dataset()
-    check_two_equal_one(two_process_results["size"], ProbeSetPolicy(size=25, seed=0))
+    check_two_equal_one(two_process_results["size"], ProbeSetPolicy(probe_size=25, seed=0))
     check_two_equal_one(two_process_results["per_class"], ProbeSetPolicy(per_class=6, correct_only=True, seed=3))
     expected_found = {c: int(((y == c) & correct).sum()) for c in range(CLASSES)}
     for rank in two_process_results["per_class"]:
