@@ -18,9 +18,15 @@ from _timing import timed
 from torch import nn
 
 from dlguard.data import MNISTDataModule
-from dlguard.generate import measure_dscore
-from dlguard.probes import deletion_mutant_logits, evaluation, intervene, region_keep_masks, select_layers
-from dlguard.probes.region_deletion import default_max_batch
+from dlguard.generate import dscore_test
+from dlguard.probes import (
+    default_max_batch,
+    deletion_mutant_logits,
+    evaluation,
+    intervene,
+    region_keep_masks,
+    select_layers,
+)
 from dlguard.zoo import pretrained
 
 
@@ -79,7 +85,7 @@ def main() -> None:
             return model(images)
 
     times = timed(
-        {"plain": plain_validation, "measure": lambda: measure_dscore(model, images, target, n=args.n)},
+        {"plain": plain_validation, "measure": lambda: dscore_test(model, images, target, n=args.n)},
         device,
         args.repeats,
     )

@@ -3,7 +3,7 @@
     python benchmarks/object_relevancy.py [--probe 256] [--batch 256] [--repeats 3] [--device cpu|cuda]
 
 One ``trainer.validate`` over the 1,000 validation scenes (32x32 RGB, ``mnist_b`` on 3 channels)
-without callbacks is the baseline. With ``ObjectRelevancyCallback(size=--probe)`` the first
+without callbacks is the baseline. With ``ObjectRelevancyCallback(probe_size=--probe)`` the first
 validation draws the probe set and generates its 22 follow-ups per scene with OpenCV (once); every
 later validation only runs the model on the cached follow-ups. Printed: median seconds and the
 ratio to the plain epoch, and the follow-ups per second of the first measurement.
@@ -61,7 +61,7 @@ def main() -> None:
     plain, first, later = [], [], []
     for _ in range(args.repeats):
         plain.append(validate(module, data, [], args.device))
-        callback = ObjectRelevancyCallback(size=args.probe)
+        callback = ObjectRelevancyCallback(probe_size=args.probe)
         first.append(validate(module, data, [callback], args.device))
         later.append(validate(module, data, [callback], args.device))  # same probe set: cached follow-ups
     base = statistics.median(plain)

@@ -27,6 +27,7 @@ from dlguard.augment import ErrorGuidedAugmentation, default_properties
 from dlguard.callbacks import RobustnessCallback
 from dlguard.data import MNISTDataModule
 from dlguard.generate import balanced_correct_subset, robustness_sweep
+from dlguard.metrics import AdderGlobalRobustness, LocalRobustness
 from dlguard.metrics.functional import digit_sum
 from dlguard.report import plot_robustness_curves, summarize_errors
 from dlguard.zoo import ClassifierModule, pretrained
@@ -43,12 +44,18 @@ def probe_set(model: torch.nn.Module, dm: MNISTDataModule, per_class: int) -> tu
 
 
 def evaluate(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, pairs: int) -> dict[str, Any]:
-    sweep = robustness_sweep(model, images, labels, PROPERTIES, pairs=pairs, combine=digit_sum, seed=0)
+    run = robustness_sweep(model, images, labels, PROPERTIES, pairs=pairs, combine=digit_sum, seed=0)
+    levels = max(len(p.levels) for p in PROPERTIES)
+    local, adder = LocalRobustness(10, PROPERTIES, levels), AdderGlobalRobustness(10, PROPERTIES, levels)
+    for p in PROPERTIES:
+        local.update(run.logits[p.name], run.target, p.name)
+    adder.update(*run.adder_share)
+    lr, gr = local.compute(), adder.compute()
     return {
-        "lr_p": {p.name: sweep.local[p.name].per_level.tolist() for p in PROPERTIES},
-        "lr_cp": {p.name: sweep.local[p.name].per_class.mean(0).tolist() for p in PROPERTIES},  # mean over levels
-        "gr": {p.name: sweep.adder[p.name][0].tolist() for p in PROPERTIES},
-        "summary": summarize_errors([p.name for p in PROPERTIES], num_classes=10, **sweep.pairs),
+        "lr_p": {p.name: lr[p.name].per_level.tolist() for p in PROPERTIES},
+        "lr_cp": {p.name: lr[p.name].per_class.mean(0).tolist() for p in PROPERTIES},  # mean over levels
+        "gr": {p.name: gr[p.name][0].tolist() for p in PROPERTIES},
+        "summary": summarize_errors([p.name for p in PROPERTIES], num_classes=10, **run.pairs),
     }
 
 

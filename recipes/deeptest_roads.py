@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from dlguard.augment import Property, deeptest_properties
 from dlguard.callbacks import FailureReplay, MetamorphicCallback
 from dlguard.data import RoadDataModule
-from dlguard.generate import coverage_guided_search, search_violations
+from dlguard.generate import coverage_guided_search, metamorphic_test, search_violations
 from dlguard.metrics import MetamorphicViolations, NeuronCoverage
 from dlguard.metrics.functional import MetamorphicRelation
 from dlguard.probes import capture_activations, neuron_layers
@@ -128,13 +128,12 @@ def coverage_study(net: nn.Module, seeds: Tensor, threshold: float, lanes: int, 
 def violation_study(net: nn.Module, images: Tensor, angles: Tensor, search: Any, seeds: Tensor,
                     seed_angles: Tensor) -> dict[str, Any]:  # fmt: skip
     properties = deeptest_properties()
-    metric = MetamorphicViolations({p.name: p.levels for p in properties}, "regression", LAMBDAS, EPSILONS)
-    mse_orig = mse(net, images, angles)
-    keys = keys_of(len(images))
-    for prop in properties:
-        for index, level in enumerate(prop.levels):
-            metric.update(batched(net, prop(images, level, keys)), prop.name, index, target=angles, mse_orig=mse_orig)
+    run = metamorphic_test(net, images, angles, properties, task="regression", keys=keys_of(len(images)))
+    metric = MetamorphicViolations(properties, "regression", LAMBDAS, EPSILONS)
+    for name, outputs in run.transformed_outputs.items():
+        metric.update(outputs, name, target=run.target, mse_orig=run.mse_orig)
     result = metric.compute()
+    mse_orig = run.mse_orig
     lam, eps = LAMBDAS.index(5.0), EPSILONS.index(0.03)
     simple = [p.name for p in properties if p.name not in WEATHER]
     per = {name: result[name]["violations"].sum(0) for name in [p.name for p in properties]}  # (L, E) each
@@ -201,7 +200,9 @@ def retraining_study(
         callback = None
         if name == "metamorphic":
             replay = FailureReplay(fraction=0.25)
-            callback = MetamorphicCallback(weather, task="regression", lam=1.0, size=probe, bank=replay.bank)
+            callback = MetamorphicCallback(
+                properties=weather, task="regression", lam=1.0, probe_size=probe, bank=replay.bank
+            )
             callbacks = [callback, replay]
         start = time.perf_counter()
         quiet_trainer(epochs, callbacks).fit(module, datamodule=datamodule)

@@ -28,7 +28,8 @@ from dlguard.augment import ScoreGuidedPadding
 from dlguard.augment.functional import pad_resize
 from dlguard.callbacks import DScoreCallback
 from dlguard.data import MNISTDataModule
-from dlguard.generate import measure_dscore
+from dlguard.generate import dscore_test
+from dlguard.metrics import DScore
 from dlguard.zoo import ClassifierModule, mnist_a
 
 N, T = 3, 5
@@ -79,7 +80,10 @@ def evaluate(module: ClassifierModule) -> dict[str, Any]:
     dm = MNISTDataModule(batch_size=1000)
     dm.setup()
     images, target = next(iter(dm.val_dataloader()))
-    result = measure_dscore(module, images, target, n=N, t=T)
+    run = dscore_test(module, images, target, n=N, t=T)
+    metric = DScore(N, run.num_classes)
+    metric.update(run.logits, run.mutant_logits, run.translated_logits, run.target)
+    result = metric.compute()
     return {
         "clean_acc": float(result.baseline_accuracy),
         "a_i": result.translation_accuracy.tolist(),

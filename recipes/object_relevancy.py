@@ -172,7 +172,7 @@ def fine_tune(
     if replay:
         feedback = FailureReplay(bank=FailureBank(capacity=10 * probe), fraction=0.5)
         backgrounds, _ = scene_backgrounds(10, 32, kinds=list(range(10)), seed=1)
-        callback = ObjectRelevancyCallback(size=probe, backgrounds=backgrounds, bank=feedback.bank)
+        callback = ObjectRelevancyCallback(probe_size=probe, backgrounds=backgrounds, bank=feedback.bank)
         callbacks = [callback, feedback]
         history = callback.history
     quiet_trainer(epochs, callbacks, root).fit(tuned, datamodule=SceneDataModule(spurious=1.0, batch_size=64))

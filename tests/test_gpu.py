@@ -61,7 +61,7 @@ def test_object_relevancy_on_the_gpu_matches_the_cpu(tmp_path) -> None:
     assert on_gpu.logits.device.type == "cuda"
     torch.testing.assert_close(on_gpu.scores.score.cpu(), on_cpu.scores.score, atol=1e-4, rtol=1e-4)
 
-    callback = ObjectRelevancyCallback(size=64)
+    callback = ObjectRelevancyCallback(probe_size=64)
     trainer = L.Trainer(accelerator="cuda", devices=1, callbacks=[callback], logger=False, default_root_dir=tmp_path,
                         limit_val_batches=2, enable_progress_bar=False)  # fmt: skip
     trainer.validate(ClassifierModule(model.cpu()), datamodule=SceneDataModule(batch_size=64), verbose=False)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 import lightning as L
 import torch
@@ -16,13 +16,32 @@ from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from dlguard._validation import check_values, positive_int
+from dlguard.augment.guide import Guide
+from dlguard.augment.properties import Property
 from dlguard.data.batch import BatchAccessor, BatchKeys
+from dlguard.data.failure_bank import FailureBank
 from dlguard.data.probe_set import ProbeSet, ProbeSetDraw, ProbeSetPolicy
+from dlguard.generate.outputs import Task, correct_predictions, model_outputs
 from dlguard.probes.adapter import ModelAdapter
-from dlguard.probes.evaluation import evaluation
 from dlguard.report.logging import find_wandb_logger, log_figure
 
-__all__ = ["ProbeCallback"]
+__all__ = ["ProbeCallback", "ProbeOptions"]
+
+
+class ProbeOptions(TypedDict, total=False):
+    """The arguments every dlguard callback takes, with the same meaning (see :class:`ProbeCallback`).
+
+    Subclasses take them as ``**options: Unpack[ProbeOptions]`` and pass them on: declared and
+    documented once, here.
+    """
+
+    every_n_epochs: int
+    preprocess: Callable[[Tensor], Tensor] | None
+    output_transform: Callable[[Any], Tensor] | None
+    batch_keys: BatchKeys
+    dataloader_idx: int
+    seed: int
+
 
 _STAGES = {"validation", "test"}
 
@@ -53,14 +72,27 @@ class ProbeCallback(Callback, ABC):
       the history and the probe set's keys.
     - **Figures.** With a ``WandbLogger`` every measurement's figures go to W&B; without, the latest
       figures are written once, as PNG files under ``<log_dir>/<prefix>/``, when the run ends.
+    - **Checks before any work.** At the first evaluation batch (the sanity check's, if any) the
+      batch is read, its inputs are checked against the probe set's value range, and the model is
+      run on two of them: an output that is not what the callback reads (logits ``(B, K)``, or
+      predictions for a regression task) fails there, naming ``output_transform``.
+    - **Guide protocol.** A callback with a ``guide`` (:class:`~dlguard.augment.Guide`) sets its
+      strength from each measurement; from the first measurement on, every training batch is read
+      through the batch accessor, augmented as ``guide(inputs, target)`` and written back, in place,
+      on the device, in ``on_train_batch_start``.
 
+    How a callback is built (``docs/architecture.md``): it schedules, takes its probe set from this
+    base, calls one generator of :mod:`dlguard.generate` that returns a run record, updates its
+    metric from that record, logs, and deposits failures; it never calls the model itself.
     Subclasses set :attr:`prefix`, return a :class:`~dlguard.data.ProbeSetPolicy` from
-    :meth:`_probe_policy` (or ``None``) and implement :meth:`_measure`.
+    :meth:`_probe_policy` (or ``None``) and implement :meth:`_measure`; they take their own
+    arguments keyword-only and these through ``**options``.
 
     Args:
         every_n_epochs: measure at the validation run of every this many training epochs.
         preprocess: applied to (perturbed) inputs before the model, e.g. ``Normalize``.
-        output_transform: maps the model's output to logits ``(B, K)``.
+        output_transform: maps the model's output to what the callback reads: logits ``(B, K)``
+            (predictions ``(B,)`` for a regression task).
         batch_keys: ``(inputs key, target key)`` or a callable ``batch -> (inputs, target)``.
         dataloader_idx: the evaluation loader probe sets are drawn from.
         seed: seed of the probe draw (and of any other random choice the callback makes).
@@ -68,6 +100,12 @@ class ProbeCallback(Callback, ABC):
 
     prefix: ClassVar[str] = "dlguard"
     """Logged keys are ``<prefix>/<name>``; files and figures go to ``<log_dir>/<prefix>/``."""
+    task: Task | None = "classification"
+    """What the callback reads from the model's output, checked at the first batch (``None``: nothing)."""
+    guide: Guide | None = None
+    """The guide the callback drives, or ``None``."""
+    num_classes: int | None = None
+    """``K``, when the callback was told the width of the logits (checked at the first batch)."""
 
     def __init__(
         self,
@@ -78,7 +116,10 @@ class ProbeCallback(Callback, ABC):
         batch_keys: BatchKeys = (0, 1),
         dataloader_idx: int = 0,
         seed: int = 0,
+        **unexpected: Any,
     ) -> None:
+        if unexpected:  # name the callback the user called, not this base
+            raise TypeError(f"{type(self).__name__}() got unexpected keyword arguments {sorted(unexpected)}")
         self.every_n_epochs = positive_int("every_n_epochs", every_n_epochs)
         self.dataloader_idx = positive_int("dataloader_idx", dataloader_idx, minimum=0)
         if isinstance(seed, bool) or not isinstance(seed, int):
@@ -96,6 +137,12 @@ class ProbeCallback(Callback, ABC):
         self._restored_probe: dict[str, Any] | None = None
         self._read_train_batch = False
         self._read_eval_batch = False
+        self._measured_in_fit = False
+
+    @staticmethod
+    def _check_bank(bank: object) -> None:
+        if bank is not None and not isinstance(bank, FailureBank):
+            raise ValueError(f"bank: expected a FailureBank or None, got {type(bank).__name__}")
 
     # ---- what subclasses provide -----------------------------------------------------------
 
@@ -126,6 +173,14 @@ class ProbeCallback(Callback, ABC):
 
     def _check_model(self, pl_module: nn.Module) -> None:
         """Raise before any work when the model lacks what the callback needs."""
+
+    def _properties(self) -> Sequence[Property]:
+        """The properties the callback applies (warned about at set-up when they draw globally under DDP)."""
+        return ()
+
+    def _guide_ready(self) -> bool:
+        """Whether a measurement has set the guide's strength, so training batches go through it."""
+        return False
 
     def _check_batch(self, inputs: Tensor, target: Tensor) -> None:
         """Raise at the first evaluation batch (the sanity check's, if any) when the callback cannot use it."""
@@ -172,8 +227,23 @@ class ProbeCallback(Callback, ABC):
         self._log_dir = Path(trainer.log_dir or trainer.default_root_dir)
         self._adapter = ModelAdapter(pl_module, self.preprocess, self.output_transform)
         self._check_model(pl_module)
+        if self.guide is not None and isinstance(self.guide, nn.Module):
+            self.guide.to(pl_module.device)
         if stage == "fit":
+            self._measured_in_fit = False
             self._warn_if_never_scheduled(trainer)
+        self._warn_if_drawn_globally(trainer)
+
+    def _warn_if_drawn_globally(self, trainer: L.Trainer) -> None:
+        unkeyed = [p.name for p in self._properties() if p.draws_globally]
+        if unkeyed and trainer.world_size > 1:
+            warnings.warn(
+                f"{type(self).__name__}: properties {unkeyed} are not keyed, so their random draws come from the "
+                f"global RNG and {trainer.world_size} processes report other numbers than one process would; "
+                "make them keyed=True (draw from the keys they are given, dlguard._random.keyed_normal) or, if "
+                "they draw nothing, deterministic=True",
+                stacklevel=2,
+            )
 
     def _warn_if_never_scheduled(self, trainer: L.Trainer) -> None:
         name = type(self).__name__
@@ -219,20 +289,35 @@ class ProbeCallback(Callback, ABC):
         if dataloader_idx != self.dataloader_idx:
             return
         if not self._read_eval_batch:  # an unusable batch fails at the first batch (the sanity check's too)
-            inputs, target = self.accessor.read(batch)
-            self._check_batch(inputs, target)
-            policy = self._probe_policy()
-            if policy is not None:
-                check_values("inputs (first evaluation batch)", inputs, policy.value_range, policy.value_range_hint)
+            self._check_first_batch(batch)
             self._read_eval_batch = True
         if self._draw is None:
             return
         inputs, target = self.accessor.read(batch)
         correct = None
         if self._draw.policy.correct_only and self._draw.restore is None:
-            with evaluation(pl_module), torch.no_grad():
-                correct = self.adapter.logits(inputs).argmax(dim=1) == target.to(self.adapter.device)
+            correct = correct_predictions(self.adapter, inputs, target)
         self._draw.add(inputs, target, correct)
+
+    def _check_first_batch(self, batch: Any) -> None:
+        """Inputs, targets and the model's output on two inputs, checked before any work is done."""
+        inputs, target = self.accessor.read(batch)
+        self._check_batch(inputs, target)
+        policy = self._probe_policy()
+        if policy is not None:
+            check_values("inputs (first evaluation batch)", inputs, policy.value_range, policy.value_range_hint)
+        if self.task is not None and len(inputs):
+            outputs = model_outputs(self.adapter, inputs[:2], self.task)
+            if self.task == "classification":
+                self._check_logits(outputs, target[:2])
+
+    def _check_logits(self, logits: Tensor, target: Tensor) -> None:
+        """The first batch's logits have ``num_classes`` columns, when the callback was given ``num_classes``."""
+        if self.num_classes is not None and logits.shape[1] != self.num_classes:
+            raise ValueError(
+                f"num_classes: is {self.num_classes} but the model's outputs have {logits.shape[1]} classes; "
+                "pass the width of the logits (or leave num_classes unset)"
+            )
 
     def _end(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if not self._scheduled(trainer):
@@ -249,6 +334,7 @@ class ProbeCallback(Callback, ABC):
         if self._probe_policy() is not None and probe is None:
             return
         record, logged = self._measure(trainer, pl_module, probe, stage)
+        self._measured_in_fit |= trainer.state.fn == "fit"
         record = {"epoch": trainer.current_epoch, "stage": stage, **record, "logged": logged}
         self.history.append(record)
         if logged:
@@ -330,6 +416,23 @@ class ProbeCallback(Callback, ABC):
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._write_final_figures(trainer)
+        self._warn_if_nothing_measured(trainer)
+
+    def _warn_if_nothing_measured(self, trainer: L.Trainer) -> None:
+        """A fit whose scheduled validation epochs came and went without a measurement says so, with the counts."""
+        check = trainer.check_val_every_n_epoch or 1
+        scheduled = [
+            e for e in range(trainer.current_epoch) if (e + 1) % self.every_n_epochs == 0 and (e + 1) % check == 0
+        ]
+        if self._measured_in_fit or not scheduled or trainer.limit_val_batches == 0:
+            return
+        batches = list(trainer.num_val_batches)
+        warnings.warn(
+            f"{type(self).__name__}: measured nothing in this fit although {len(scheduled)} validation epoch(s) were "
+            f"scheduled: the validation loop ran {batches} batch(es) per loader (an empty validation set, or a loader "
+            "that yields nothing?), so its history is empty and nothing was logged",
+            stacklevel=2,
+        )
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.state.fn == "validate":  # trainer.validate(): the run ends here
@@ -340,11 +443,19 @@ class ProbeCallback(Callback, ABC):
 
     # ---- feeding back into training ----------------------------------------------------------
 
-    def _check_train_batch(self, batch: Any) -> None:
-        """Read the first training batch once, so an unreadable batch fails at once, naming ``batch_keys``."""
-        if not self._read_train_batch:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self.guide is None:
+            return
+        if not self._read_train_batch:  # an unreadable batch fails at once, naming batch_keys
             self.accessor.read(batch)
             self._read_train_batch = True
+        if not self._guide_ready():
+            return
+        inputs, target = self.accessor.read(batch)
+        with torch.no_grad():
+            self.accessor.write(batch, self.guide(inputs, target))
 
     # ---- checkpointing -----------------------------------------------------------------------
 

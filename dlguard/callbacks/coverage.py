@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Unpack
 
 import lightning as L
 import torch
@@ -12,9 +12,8 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Subset
 from torch.utils.hooks import RemovableHandle
 
-from dlguard._validation import positive_int, probability
-from dlguard.callbacks.base import ProbeCallback
-from dlguard.data.batch import BatchKeys
+from dlguard._validation import check_values, positive_int, probability
+from dlguard.callbacks.base import ProbeCallback, ProbeOptions
 from dlguard.data.probe_set import ProbeSet
 from dlguard.metrics.coverage import (
     KMultisectionCoverage,
@@ -23,12 +22,12 @@ from dlguard.metrics.coverage import (
     StrongNeuronActivationCoverage,
     TopKNeuronCoverage,
 )
-from dlguard.metrics.functional.coverage import NeuronRange, _input_bounds, _scale_values, neuron_values
+from dlguard.metrics.functional.coverage import NeuronRange, input_bounds, neuron_values, scale_neuron_values
 from dlguard.probes.evaluation import is_probing
 from dlguard.probes.layers import LayerSpec
 from dlguard.probes.neurons import neuron_layers, neuron_output, profile_neuron_ranges
-from dlguard.report.figures import plot_coverage_by_layer
 from dlguard.report.logging import log_wandb_bars
+from dlguard.utilities.plot import plot_coverage_by_layer
 
 __all__ = ["CRITERIA", "NeuronCoverageCallback"]
 
@@ -54,11 +53,14 @@ class NeuronCoverageCallback(ProbeCallback):
     maximum). The values are held back and counted by every criterion at once, in one update per
     metric at the end of the epoch (or whenever 4 Mi values are held): hit counts are sums over
     inputs, so the numbers are those of per-batch updates. See
-    :class:`~dlguard.callbacks.ProbeCallback` for the schedule (``every_n_epochs``) shared by every
-    dlguard callback.
+    :class:`~dlguard.callbacks.ProbeCallback` for the schedule and the arguments every dlguard
+    callback takes (it has no probe set and no generator: it reads the loop's own passes, so
+    ``dataloader_idx`` and ``seed`` do not apply). The inputs of every scheduled evaluation batch are
+    checked for NaN (the error names the batch), the first batch is read through ``batch_keys`` before
+    any training step.
 
     KMNC, NBC and SNAC need per-neuron ranges: pass ``ranges`` (from
-    :func:`~dlguard.metrics.profile_neuron_ranges`, e.g. on a finished model) or let the callback
+    :func:`~dlguard.probes.profile_neuron_ranges`, e.g. on a finished model) or let the callback
     profile them once on the training data, at the first scheduled validation epoch of a fit -- on
     the model as trained so far -- with a loader of its own (training's shuffling and the global RNG
     are untouched), through the same ``preprocess`` and ``batch_keys`` as the rest of dlguard, so the
@@ -76,15 +78,15 @@ class NeuronCoverageCallback(ProbeCallback):
     Args:
         criteria: any of ``"nc"``, ``"kmnc"``, ``"nbc"``, ``"snac"``, ``"tknc"``.
         layers: ``"auto"`` (every ``Linear``, ``Conv1d/2d/3d``, ``LSTM``/``GRU``/``RNN``) or names.
-        every_n_epochs: measure at the validation run of every this many training epochs.
         threshold: NC threshold in ``[0, 1]``.
         sections: KMNC's ``k``.
         top_k: TKNC's ``k``.
         ranges: per-neuron ``{layer: NeuronRange}``; profiled from training data when omitted.
         max_profile_batches: cap the profiling pass.
-        preprocess: applied to the training loader's inputs when profiling, as the model sees them
-            during validation (e.g. ``Normalize``).
-        batch_keys: ``(inputs key, target key)`` of the batches, or a callable ``batch -> (inputs, target)``.
+        **options: ``every_n_epochs``, ``preprocess`` (applied to the training loader's inputs when
+            profiling, as the model sees them during validation, e.g. ``Normalize``),
+            ``output_transform``, ``batch_keys`` (how to read the inputs of the training and
+            evaluation batches): see :class:`~dlguard.callbacks.ProbeCallback`.
 
     Example:
         >>> import lightning as L
@@ -94,18 +96,19 @@ class NeuronCoverageCallback(ProbeCallback):
 
     prefix = "coverage"
 
+    task = None  # coverage reads layer outputs, not the model's output
+
     def __init__(
         self,
+        *,
         criteria: Sequence[str] = CRITERIA,
         layers: LayerSpec | str = "auto",
-        every_n_epochs: int = 1,
         threshold: float = 0.2,
         sections: int = 10,
         top_k: int = 2,
         ranges: Mapping[str, NeuronRange] | None = None,
         max_profile_batches: int | None = None,
-        preprocess: Callable[[Tensor], Tensor] | None = None,
-        batch_keys: BatchKeys = (0, 1),
+        **options: Unpack[ProbeOptions],
     ) -> None:
         unknown = [c for c in criteria if c not in CRITERIA]
         if unknown or not criteria or isinstance(criteria, str):
@@ -115,7 +118,7 @@ class NeuronCoverageCallback(ProbeCallback):
         positive_int("top_k", top_k)
         if max_profile_batches is not None:
             positive_int("max_profile_batches", max_profile_batches)
-        super().__init__(every_n_epochs=every_n_epochs, preprocess=preprocess, batch_keys=batch_keys)
+        super().__init__(**options)
         self.criteria = tuple(dict.fromkeys(criteria))
         self.layers = layers
         self.threshold, self.sections, self.top_k = threshold, sections, top_k
@@ -150,7 +153,7 @@ class NeuronCoverageCallback(ProbeCallback):
             raise ValueError(
                 f"ranges: criteria {sorted(_RANGE_CRITERIA.intersection(self.criteria))} need per-neuron ranges "
                 f"and {getattr(stage, 'value', stage)} has no training data to profile them on; pass ranges="
-                "dlguard.metrics.profile_neuron_ranges(model, train_loader, layers) or a datamodule with training data"
+                "dlguard.probes.profile_neuron_ranges(model, train_loader, layers) or a datamodule with training data"
             )
 
     @staticmethod
@@ -223,22 +226,29 @@ class NeuronCoverageCallback(ProbeCallback):
                 self._held.setdefault(name, []).append(values)
                 self._held_values += values.numel()
                 if scaled:  # the values are scaled when counted
-                    self._held_bounds.setdefault(name, []).append(_input_bounds(activation, values.dtype))
+                    self._held_bounds.setdefault(name, []).append(input_bounds(activation, values.dtype))
 
             self._handles.append(module.register_forward_hook(read))
 
-    def _step_starts(self) -> None:
+    def _step_starts(self, batch: Any, batch_idx: int, dataloader_idx: int) -> None:
+        if not self._read_eval_batch:  # an unreadable batch fails at the first batch (the sanity check's too)
+            self._check_first_batch(batch)
+            self._read_eval_batch = True
         self._recording = bool(self._handles)
+        if self._recording:  # the layer outputs of NaN inputs would poison every criterion: say which batch
+            inputs = self.accessor.inputs(batch)
+            if inputs.is_floating_point() and bool(torch.isnan(inputs).any()):
+                check_values(f"inputs (evaluation loader {dataloader_idx}, batch {batch_idx})", inputs, None)
 
     def on_validation_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        self._step_starts()
+        self._step_starts(batch, batch_idx, dataloader_idx)
 
     def on_test_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        self._step_starts()
+        self._step_starts(batch, batch_idx, dataloader_idx)
 
     def _collect(self, pl_module: L.LightningModule, batch: Any, dataloader_idx: int) -> None:
         self._recording = False
@@ -250,33 +260,16 @@ class NeuronCoverageCallback(ProbeCallback):
         if not self._held:
             return
         values = {name: _join(parts) for name, parts in self._held.items()}
-        scaled = self._scaled(values) if self._held_bounds else {}
+        bounds = {
+            name: (_join([b[0] for b in parts]), _join([b[1] for b in parts]))
+            for name, parts in self._held_bounds.items()
+        }
+        scaled = scale_neuron_values(values, bounds) if bounds else {}
         self._forget_held()
         if not self._metrics:
             self._metrics = self._make_metrics({name: v.shape[1] for name, v in values.items()}, pl_module.device)
         for criterion, metric in self._metrics.items():
             metric.update(scaled if criterion == "nc" else values)
-
-    def _scaled(self, values: dict[str, Tensor]) -> dict[str, Tensor]:
-        """NC's values: each layer's min-max scaled by its input's bounds, every layer in one go.
-
-        Scaling is element-wise, so doing it side by side gives the bits of scaling each layer alone.
-        """
-        bounds = {
-            name: (_join([b[0] for b in parts]), _join([b[1] for b in parts]))
-            for name, parts in self._held_bounds.items()
-        }
-        if len({(v.shape[0], v.dtype) for v in values.values()}) != 1:  # one by one: the metric refuses other inputs
-            return {
-                name: _scale_values(values[name], low[:, None], high[:, None]) for name, (low, high) in bounds.items()
-            }
-        sizes = [values[name].shape[1] for name in bounds]
-
-        def spread(which: int) -> Tensor:  # (B, total neurons): each input's bound under each of the layer's neurons
-            return torch.cat([b[which][:, None].expand(-1, n) for b, n in zip(bounds.values(), sizes, strict=True)], 1)
-
-        flat = torch.cat([values[name] for name in bounds], dim=1)
-        return dict(zip(bounds, _scale_values(flat, spread(0), spread(1)).split(sizes, dim=1), strict=True))
 
     def _make_metrics(self, sizes: dict[str, int], device: torch.device) -> dict[str, Any]:
         make = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import lightning as L
 import torch
@@ -14,20 +14,13 @@ from torch import Tensor
 from dlguard._random import content_keys
 from dlguard._validation import check_values, positive_int, probability
 from dlguard.augment.follow_up_cache import FollowUpCache
-from dlguard.callbacks.base import ProbeCallback
+from dlguard.callbacks.base import ProbeCallback, ProbeOptions
 from dlguard.data.backgrounds import scene_backgrounds
-from dlguard.data.batch import BatchKeys
 from dlguard.data.failure_bank import FailureBank
 from dlguard.data.probe_set import ProbeSet, ProbeSetPolicy
 from dlguard.generate.object_relevancy import ObjectRelevancyRun, object_relevancy_test
-from dlguard.metrics.functional.object_relevancy import (
-    class_probability_and_rank,
-    preserving_score,
-    removing_score,
-    unreliable,
-)
 from dlguard.metrics.object_relevancy import ObjectRelevancy
-from dlguard.report.figures import plot_image_grid
+from dlguard.utilities.plot import plot_image_grid
 
 __all__ = ["ObjectRelevancyCallback"]
 
@@ -41,21 +34,23 @@ _DEFAULT_KINDS = (0, 1, 2, 5)  # two photo crops and two textures of dlguard.dat
 class ObjectRelevancyCallback(ProbeCallback):
     """Object relevancy (SPEC §3) of a classifier's inferences on a fixed probe set, fed back as failures.
 
-    At the first scheduled validation epoch a probe set of ``size`` inputs is drawn (by content, as
+    At the first scheduled validation epoch a probe set of ``probe_size`` inputs is drawn (by content, as
     every dlguard probe set) together with their object ``masks`` -- read from each batch, or
     computed by a function. Their follow-ups -- the object moved onto and blended into each of the
     ``backgrounds``, the background grayed; the object filled with nine colours, inpainted, filled
     with its margin's mean and median -- are generated once with OpenCV on CPU (in parallel, cached
     in memory and, with ``cache_dir``, on disk) and reused at every later measurement. Each
-    measurement runs the model on the probe set and its follow-ups and reports the mean object
-    relevancy ``S = (S⁺ + S⁻)/2`` and the share of *unreliable* inferences: correct, with
-    ``p ≥ p_high``, yet ``S < s_low``. With a ``bank``, the background-swapped follow-ups of the
-    unreliable inferences go into it with their labels: with :class:`~dlguard.callbacks.FailureReplay`
-    on the same bank, training sees those objects on other backgrounds and learns the object.
+    measurement runs the model on the probe set and its follow-ups
+    (:func:`~dlguard.generate.object_relevancy_test`, each inference scored once) and reports, through
+    :class:`~dlguard.metrics.ObjectRelevancy`, the mean object relevancy ``S = (S⁺ + S⁻)/2`` and the
+    share of *unreliable* inferences: correct, with ``p ≥ p_high``, yet ``S < s_low``. With a
+    ``bank``, the background-swapped follow-ups of the unreliable inferences go into it with their
+    labels: with :class:`~dlguard.callbacks.FailureReplay` on the same bank, training sees those
+    objects on other backgrounds and learns the object.
 
-    See :class:`~dlguard.callbacks.ProbeCallback` for the schedule, ``preprocess``/``output_transform``,
-    ``batch_keys`` and ``dataloader_idx``, shared by every dlguard callback. The numbers reduce across
-    processes (N processes report what one process reports); the gallery shows rank zero's shard.
+    See :class:`~dlguard.callbacks.ProbeCallback` for the schedule and the arguments every dlguard
+    callback takes. The numbers reduce across processes (N processes report what one process
+    reports); the gallery shows rank zero's shard.
 
     Logged metrics:
         ``relevancy/score`` (mean ``S``), ``relevancy/preserving`` (mean ``S⁺``), ``relevancy/removing``
@@ -70,7 +65,7 @@ class ObjectRelevancyCallback(ProbeCallback):
             callable ``images -> masks``.
         backgrounds: ``(N, 3 or C, H, W)`` backgrounds in ``[0, 1]`` for the preserving mutations; by
             default four of :func:`~dlguard.data.scene_backgrounds` of the inputs' size.
-        size: inputs in the probe set (over all processes).
+        probe_size: inputs in the probe set (over all processes).
         p_high: confidence from which a correct inference can be unreliable.
         s_low: object relevancy below which a confident correct inference is unreliable.
         bank: a :class:`~dlguard.data.FailureBank` receiving unreliable inferences' background-swapped
@@ -78,19 +73,16 @@ class ObjectRelevancyCallback(ProbeCallback):
         cache_dir: a folder to keep follow-ups in across runs, or ``None`` (memory only).
         workers: threads generating follow-ups (``None``: one per CPU core).
         gallery: inferences shown in the gallery.
-        every_n_epochs: measure at the validation run of every this many training epochs.
-        max_batch: inputs per forward pass.
-        preprocess: applied to (mutated) inputs before the model, e.g. ``Normalize``.
-        output_transform: maps the model's output to logits.
-        batch_keys: ``(inputs key, target key)`` of the batches, or a callable ``batch -> (inputs, target)``.
-        dataloader_idx: the validation loader the probe set is drawn from.
-        seed: seed of the probe draw and of the default backgrounds.
+        max_batch: inputs per forward pass (``None``: a memory budget, :func:`~dlguard.probes.default_max_batch`).
+        **options: ``every_n_epochs``, ``preprocess``, ``output_transform``, ``batch_keys``,
+            ``dataloader_idx``, ``seed`` (here also the seed of the default backgrounds): see
+            :class:`~dlguard.callbacks.ProbeCallback`.
 
     Example:
         >>> import lightning as L
         >>> from dlguard.callbacks import FailureReplay
         >>> replay = FailureReplay(fraction=0.25)
-        >>> on_scenes = ObjectRelevancyCallback(size=128, bank=replay.bank)  # masks at batch position 2
+        >>> on_scenes = ObjectRelevancyCallback(probe_size=128, bank=replay.bank)  # masks at batch position 2
         >>> on_digits = ObjectRelevancyCallback(masks=lambda x: x[:, 0] > 0.3)  # plain MNIST: threshold the digit
         >>> trainer = L.Trainer(callbacks=[on_scenes, replay], logger=False, enable_progress_bar=False)
     """
@@ -99,22 +91,18 @@ class ObjectRelevancyCallback(ProbeCallback):
 
     def __init__(
         self,
+        *,
         masks: MaskSource = 2,
         backgrounds: Tensor | None = None,
-        size: int = 256,
+        probe_size: int = 256,
         p_high: float = 0.9,
         s_low: float = 0.5,
         bank: FailureBank | None = None,
         cache_dir: str | Path | None = None,
         workers: int | None = None,
-        gallery: int = 6,
-        every_n_epochs: int = 1,
-        max_batch: int = 1024,
-        preprocess: Callable[[Tensor], Tensor] | None = None,
-        output_transform: Callable[[Any], Tensor] | None = None,
-        batch_keys: BatchKeys = (0, 1),
-        dataloader_idx: int = 0,
-        seed: int = 0,
+        gallery: int = 8,
+        max_batch: int | None = None,
+        **options: Unpack[ProbeOptions],
     ) -> None:
         if not callable(masks) and not isinstance(masks, Hashable):
             raise ValueError(f"masks: expected a batch key or a callable images -> masks, got {masks!r}")
@@ -126,22 +114,15 @@ class ObjectRelevancyCallback(ProbeCallback):
                 raise ValueError(f"backgrounds: expected at least one float image, got {backgrounds.dtype}")
             check_values("backgrounds", backgrounds)
         self.p_high, self.s_low = probability("p_high", p_high), probability("s_low", s_low)
-        positive_int("size", size)
+        positive_int("probe_size", probe_size)
         positive_int("gallery", gallery, minimum=0)
-        positive_int("max_batch", max_batch)
+        if max_batch is not None:
+            positive_int("max_batch", max_batch)
         if workers is not None:
             positive_int("workers", workers)
-        if bank is not None and not isinstance(bank, FailureBank):
-            raise ValueError(f"bank: expected a FailureBank or None, got {type(bank).__name__}")
-        super().__init__(
-            every_n_epochs=every_n_epochs,
-            preprocess=preprocess,
-            output_transform=output_transform,
-            batch_keys=batch_keys,
-            dataloader_idx=dataloader_idx,
-            seed=seed,
-        )
-        self.masks, self.backgrounds, self.size = masks, backgrounds, size
+        self._check_bank(bank)
+        super().__init__(**options)
+        self.masks, self.backgrounds, self.probe_size = masks, backgrounds, probe_size
         self.bank, self.workers, self.gallery, self.max_batch = bank, workers, gallery, max_batch
         self.cache = FollowUpCache(cache_dir)
         """The follow-ups generated so far, by input content (reused by every measurement)."""
@@ -153,10 +134,10 @@ class ObjectRelevancyCallback(ProbeCallback):
 
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(size=self.size, p_high=self.p_high, s_low=self.s_low)
+        return self._generate_state_key(probe_size=self.probe_size, p_high=self.p_high, s_low=self.s_low)
 
     def _probe_policy(self) -> ProbeSetPolicy:
-        return ProbeSetPolicy(size=self.size, seed=self.seed)
+        return ProbeSetPolicy(probe_size=self.probe_size, seed=self.seed)
 
     # ---- masks travel with the probe draw ------------------------------------------------------
 
@@ -212,11 +193,11 @@ class ObjectRelevancyCallback(ProbeCallback):
         keys = content_keys(inputs, self._draw.policy.seed).tolist()
         for key, mask in zip(keys, masks.cpu(), strict=True):
             self._seen_masks[int(key)] = mask
-        if len(self._seen_masks) > 2 * self.size:  # keep the masks the draw can still choose, not the whole set
+        if len(self._seen_masks) > 2 * self.probe_size:  # keep the masks the draw can still choose, not the whole set
             restore = self._draw.restore
             drawn = {int(k) for probe in self._probes.values() for k in probe.keys.tolist()}  # other stages' sets
             candidates = sorted(key for key in self._seen_masks if key not in drawn)
-            wanted = drawn | (set(restore.tolist()) if restore is not None else set(candidates[: self.size]))
+            wanted = drawn | (set(restore.tolist()) if restore is not None else set(candidates[: self.probe_size]))
             self._seen_masks = {key: mask for key, mask in self._seen_masks.items() if key in wanted}
 
     def _backgrounds_for(self, inputs: Tensor) -> Tensor:
@@ -245,14 +226,14 @@ class ObjectRelevancyCallback(ProbeCallback):
         follow_ups = None
         if masks is not None:
             follow_ups = self.cache.get_or_make(keys, inputs, masks, backgrounds, self.workers)
-        device = self.adapter.device
-        metric = ObjectRelevancy(2, p_high=self.p_high, s_low=self.s_low).to(device)  # an empty shard adds nothing
+        metric = ObjectRelevancy(p_high=self.p_high, s_low=self.s_low).to(self.adapter.device)
         run = None
-        if follow_ups is not None:
-            run = object_relevancy_test(self.adapter, inputs, target, follow_ups, self.max_batch)
-            metric = ObjectRelevancy(run.logits.shape[1], p_high=self.p_high, s_low=self.s_low).to(device)
-            metric.update(run.logits, run.follow_up_logits, target.to(device), follow_ups.function.to(device),
-                          follow_ups.preserving.to(device), follow_ups.valid.to(device))  # fmt: skip
+        if follow_ups is not None:  # an empty shard adds nothing
+            run = object_relevancy_test(
+                self.adapter, inputs, target, follow_ups, self.max_batch, p_high=self.p_high, s_low=self.s_low,
+                validate_args=False,  # the probe draw checked the values
+            )  # fmt: skip
+            metric.update(run.scores)
         self.last_run = run
         result = metric.compute()  # sums over every process
         logged = {
@@ -262,11 +243,8 @@ class ObjectRelevancyCallback(ProbeCallback):
             "relevancy/unreliable_rate": float(result["unreliable_rate"]),
         }
         if self.bank is not None and stage == "validation" and run is not None:
-            flagged = unreliable(run.scores, self.p_high, self.s_low).cpu()
-            swapped = run.follow_ups.background_swapped()[flagged]  # (U, n_backgrounds, C, H, W)
-            labels = target[flagged][:, None].expand(swapped.shape[:2])
-            self.bank.add(swapped.flatten(0, 1), labels.flatten(), origin="relevancy")
-        self._gallery = self._gallery_of(run, inputs) if run is not None else None
+            self.bank.add(*run.failures, origin="relevancy")
+        self._gallery = self._gallery_of(run) if run is not None else None
         record = {
             "unreliable": int(result["unreliable"]),
             "inferences": int(result["inferences"]),
@@ -277,36 +255,27 @@ class ObjectRelevancyCallback(ProbeCallback):
 
     # ---- figures -------------------------------------------------------------------------------
 
-    def _gallery_of(
-        self, run: ObjectRelevancyRun, inputs: Tensor, damaging: int = 3
-    ) -> tuple[Tensor, list[str]] | None:
+    def _gallery_of(self, run: ObjectRelevancyRun, damaging: int = 3) -> tuple[Tensor, list[str]] | None:
         """The least relevant confident correct inferences, each with its ``damaging`` lowest-scoring follow-ups."""
         scores = run.scores
         confident = (scores.correct & (scores.probability >= self.p_high)).cpu()
         rows = confident.nonzero().squeeze(1)
-        if not len(rows) or not self.gallery:
+        if not len(rows) or not self.gallery or scores.follow_up is None:
             return None
         rows = rows[scores.score.cpu()[rows].argsort()[: self.gallery]]
-        logits, follow = run.logits.cpu().float(), run.follow_up_logits.cpu().float()
-        target = logits.argmax(1)
-        p, r = class_probability_and_rank(logits, target)
-        p_f, r_f = class_probability_and_rank(follow, target[:, None])
-        k = logits.shape[1]
-        own = torch.where(
-            run.follow_ups.preserving.cpu(),
-            preserving_score(p[:, None], r[:, None], p_f, r_f, k),
-            removing_score(p[:, None], r[:, None], p_f, r_f, k),
-        )
-        own = torch.where(run.follow_ups.valid.cpu(), own, torch.full_like(own, float("inf")))
+        target = run.target.cpu()
+        own = scores.follow_up.cpu().nan_to_num(nan=float("inf"))  # missing follow-ups last
+        follow = run.follow_up_logits.cpu().float()
         images, captions = [], []
         for row in rows.tolist():
-            images.append(inputs[row])
-            captions.append(f"y={int(target[row])} p={float(p[row]):.2f} S={float(scores.score[row]):.2f}")
+            label = int(target[row])
+            images.append(run.inputs[row].cpu())
+            captions.append(f"y={label} p={float(scores.probability[row]):.2f} S={float(scores.score[row]):.2f}")
             for f in own[row].argsort()[:damaging].tolist():
                 images.append(run.follow_ups.inputs[row, f].cpu())
                 name = run.follow_ups.operation[f].split("/")
-                predicted = int(follow[row, f].argmax())
-                captions.append(f"{name[0][:14]}/{name[-1][:6]} → {predicted} p={float(p_f[row, f]):.2f}")
+                p = float(follow[row, f].softmax(0)[label])
+                captions.append(f"{name[0][:14]}/{name[-1][:6]} → {int(follow[row, f].argmax())} p={p:.2f}")
         return torch.stack(images), captions
 
     def _figures(self, record: dict[str, Any]) -> dict[str, Figure]:

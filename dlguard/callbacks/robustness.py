@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import lightning as L
 import torch
@@ -13,19 +13,20 @@ from torch import Tensor
 
 from dlguard._validation import positive_int
 from dlguard.augment.error_guided import ErrorGuidedAugmentation
-from dlguard.augment.properties import Property, default_properties
-from dlguard.callbacks.base import ProbeCallback
-from dlguard.data.batch import BatchKeys
+from dlguard.augment.properties import Property, check_properties, check_property_inputs, default_properties
+from dlguard.callbacks.base import ProbeCallback, ProbeOptions
 from dlguard.data.failure_bank import FailureBank
 from dlguard.data.probe_set import ProbeSet, ProbeSetPolicy
-from dlguard.generate.sweep import RobustnessSweep, robustness_sweep
+from dlguard.generate.sweep import robustness_sweep
+from dlguard.metrics.functional.robustness import LocalRobustnessResult
+from dlguard.metrics.robustness import AdderGlobalRobustness, LocalRobustness
 from dlguard.report.errors import ErrorSummary, summarize_errors
-from dlguard.report.figures import plot_robustness_curves
+from dlguard.utilities.plot import plot_robustness_curves
 
 __all__ = ["RobustnessCallback"]
 
 
-def _local_proposal(sweep: RobustnessSweep, properties: Sequence[Property]) -> list[list[float]]:
+def _local_proposal(local: Mapping[str, LocalRobustnessResult], properties: Sequence[Property]) -> list[list[float]]:
     """``[class][property]`` augmentation probabilities from local robustness alone (no adder).
 
     The failure rate of class ``c`` under property ``p`` is ``1 − LR_{c,p}`` averaged over the
@@ -33,7 +34,7 @@ def _local_proposal(sweep: RobustnessSweep, properties: Sequence[Property]) -> l
     cell gets probability 1 and the others their rate relative to it.
     """
     rates = torch.stack(
-        [(1 - sweep.local[p.name].per_class[: len(p.levels)]).nan_to_num(0.0).mean(dim=0) for p in properties], dim=1
+        [(1 - local[p.name].per_class).nan_to_num(0.0).mean(dim=0) for p in properties], dim=1
     )  # (classes, properties)
     top = float(rates.max()) if rates.numel() else 0.0
     return (rates / top if top > 0 else torch.zeros_like(rates)).clamp(0, 1).tolist()
@@ -46,21 +47,23 @@ class RobustnessCallback(ProbeCallback):
     scheduled validation epoch, classifies correctly, drawn uniformly (content-keyed) from the
     batches that epoch loads; classes with fewer are used whole, with a warning giving the counts,
     and classes with none are reported (their ``LR_{c,p}`` is NaN and ``LR_p`` averages the others).
-    See :class:`~dlguard.callbacks.ProbeCallback` for the schedule, the probe-set policy, the model
-    adapter and ``batch_keys``, shared by every dlguard callback.
+    See :class:`~dlguard.callbacks.ProbeCallback` for the schedule, the probe-set policy and the
+    arguments every dlguard callback takes.
 
     Each measurement applies every property at every severity level
     (:func:`~dlguard.generate.robustness_sweep`, batched, the model in eval mode and left as found,
     training's RNG untouched, noise keyed by input so every epoch and every process sees the same
-    draws). With ``combine`` (e.g. :func:`~dlguard.metrics.functional.digit_sum` for digits), ``pairs``
-    input pairs per property are judged by the adder and :func:`~dlguard.report.summarize_errors`
-    explains the failed pairs. Under DDP N processes report the numbers of one process.
+    draws) and counts the outcome in :class:`~dlguard.metrics.LocalRobustness`. With ``combine``
+    (e.g. :func:`~dlguard.metrics.functional.digit_sum` for digits), ``pairs`` input pairs per property
+    are judged by the adder (:class:`~dlguard.metrics.AdderGlobalRobustness`) and
+    :func:`~dlguard.report.summarize_errors` explains the failed pairs. Under DDP N processes report
+    the numbers of one process.
 
     Feedback: with ``guide=ErrorGuidedAugmentation()`` the guide takes each measurement's proposal --
     the error summary's with ``combine``, else one made the same way from ``1 − LR_{c,p}`` -- and
-    augments every training batch in place, on the device; with ``bank=`` the perturbed inputs the
-    model got wrong (at most ``bank.capacity`` per measurement) are deposited, labelled, for
-    :class:`~dlguard.callbacks.FailureReplay`.
+    augments every training batch (the guide protocol of :class:`~dlguard.callbacks.ProbeCallback`);
+    with ``bank=`` the perturbed inputs the model got wrong (at most ``bank.capacity`` per
+    measurement) are deposited, labelled, for :class:`~dlguard.callbacks.FailureReplay`.
 
     Logged metrics:
         ``robustness/<property>`` (mean ``LR_p`` over levels), ``robustness/<property>@<level>``, and
@@ -75,68 +78,57 @@ class RobustnessCallback(ProbeCallback):
             brightness, :func:`~dlguard.augment.default_properties`).
         per_class: probe inputs per class.
         pairs: adder pairs per property and level.
-        every_n_epochs: measure at the validation run of every this many training epochs.
         guide: an :class:`~dlguard.augment.ErrorGuidedAugmentation` over the same properties, or ``None``.
         num_classes: ``C``; default the width of the model's logits.
         combine: the adder's combination of two labels; ``None`` measures local robustness only.
         bank: a :class:`~dlguard.data.FailureBank` to deposit failures into, or ``None``.
-        max_batch: rows per forward pass during the sweep.
-        preprocess: applied to perturbed inputs before the model, e.g. ``Normalize``.
-        output_transform: maps the model's output to logits.
-        batch_keys: ``(inputs key, target key)`` of the batches, or a callable ``batch -> (inputs, target)``.
-        dataloader_idx: the validation loader the probe set is drawn from.
-        seed: seed of the probe draw, the pairs and unkeyed random properties.
+        max_batch: rows per forward pass (``None``: a memory budget, :func:`~dlguard.probes.default_max_batch`).
+        **options: ``every_n_epochs``, ``preprocess``, ``output_transform``, ``batch_keys``,
+            ``dataloader_idx``, ``seed`` (here also the seed of the pairs and of unkeyed random
+            properties): see :class:`~dlguard.callbacks.ProbeCallback`.
 
     Example:
         >>> import lightning as L
         >>> from dlguard.augment import ErrorGuidedAugmentation
         >>> from dlguard.metrics.functional import digit_sum
-        >>> callback = RobustnessCallback(per_class=50, pairs=200, combine=digit_sum, guide=ErrorGuidedAugmentation())
+        >>> guide = ErrorGuidedAugmentation()
+        >>> callback = RobustnessCallback(per_class=50, pairs=200, combine=digit_sum, guide=guide)
         >>> trainer = L.Trainer(callbacks=[callback], logger=False, enable_progress_bar=False)
     """
 
     prefix = "robustness"
 
+    guide: ErrorGuidedAugmentation | None
+
     def __init__(
         self,
+        *,
         properties: Sequence[Property] | None = None,
         per_class: int = 200,
         pairs: int = 1000,
-        every_n_epochs: int = 1,
         guide: ErrorGuidedAugmentation | None = None,
         num_classes: int | None = None,
         combine: Callable[[Tensor, Tensor], Tensor] | None = None,
         bank: FailureBank | None = None,
-        max_batch: int = 1024,
-        preprocess: Callable[[Tensor], Tensor] | None = None,
-        output_transform: Callable[[Any], Tensor] | None = None,
-        batch_keys: BatchKeys = (0, 1),
-        dataloader_idx: int = 0,
-        seed: int = 0,
+        max_batch: int | None = None,
+        **options: Unpack[ProbeOptions],
     ) -> None:
-        self.properties = list(properties) if properties is not None else default_properties()
-        names = [getattr(p, "name", None) for p in self.properties]
-        if not names or len(set(names)) != len(names) or not all(isinstance(p, Property) for p in self.properties):
-            raise ValueError(f"properties: expected Property objects with distinct names, got {names}")
+        self.properties = check_properties(default_properties() if properties is None else properties)
+        names = [p.name for p in self.properties]
         positive_int("per_class", per_class)
         positive_int("pairs", pairs)
-        positive_int("max_batch", max_batch)
+        if max_batch is not None:
+            positive_int("max_batch", max_batch)
         if num_classes is not None:
             positive_int("num_classes", num_classes, minimum=2)
+        if guide is not None and not isinstance(guide, ErrorGuidedAugmentation):
+            raise ValueError(f"guide: expected an ErrorGuidedAugmentation or None, got {type(guide).__name__}")
         if guide is not None and [p.name for p in guide.properties] != names:
             raise ValueError(f"guide: its properties {[p.name for p in guide.properties]} must be {names}")
         if combine is not None and not callable(combine):
             raise ValueError(f"combine: expected a callable of two label tensors or None, got {type(combine).__name__}")
-        if bank is not None and not isinstance(bank, FailureBank):
-            raise ValueError(f"bank: expected a FailureBank or None, got {type(bank).__name__}")
-        super().__init__(
-            every_n_epochs=every_n_epochs,
-            preprocess=preprocess,
-            output_transform=output_transform,
-            batch_keys=batch_keys,
-            dataloader_idx=dataloader_idx,
-            seed=seed,
-        )
+        self._check_bank(bank)
+        super().__init__(**options)
         self.per_class, self.pairs, self.max_batch = per_class, pairs, max_batch
         self.guide, self.num_classes, self.combine, self.bank = guide, num_classes, combine, bank
         self.proposal: list[list[float]] | None = None
@@ -150,7 +142,7 @@ class RobustnessCallback(ProbeCallback):
         return self._generate_state_key(properties=[p.name for p in self.properties])
 
     def _probe_policy(self) -> ProbeSetPolicy:
-        ranges = {getattr(p, "value_range", (0.0, 1.0)) for p in self.properties}
+        ranges = {p.value_range for p in self.properties}
         bounds = next(iter(ranges)) if len(ranges) == 1 else (0.0, 1.0)
         hint = (
             "the bounds are the properties' value_range; for inputs that are not [0, 1] pixels pass "
@@ -161,16 +153,13 @@ class RobustnessCallback(ProbeCallback):
         )
 
     def _check_batch(self, inputs: Tensor, target: Tensor) -> None:
-        for prop in self.properties:
-            if getattr(prop, "needs_images", False) and inputs.ndim != 4:
-                raise ValueError(
-                    f"properties: {prop.name!r} needs images (B, C, H, W) but the batches hold inputs of shape "
-                    f"{tuple(inputs.shape)}; for other tensors use properties that take any shape (noise, brightness)"
-                )
+        check_property_inputs(self.properties, inputs)
 
-    def _check_model(self, pl_module: torch.nn.Module) -> None:
-        if self.guide is not None:
-            self.guide.to(pl_module.device)
+    def _properties(self) -> Sequence[Property]:
+        return self.properties
+
+    def _guide_ready(self) -> bool:
+        return self.proposal is not None
 
     # ---- the sweep --------------------------------------------------------------------------
 
@@ -179,7 +168,7 @@ class RobustnessCallback(ProbeCallback):
     ) -> tuple[dict[str, Any], dict[str, float]]:
         assert probe is not None
         self._warn_short_classes(probe)
-        sweep = robustness_sweep(
+        run = robustness_sweep(
             self.adapter,
             probe.inputs,
             probe.target,
@@ -191,8 +180,20 @@ class RobustnessCallback(ProbeCallback):
             seed=self.seed,
             max_batch=self.max_batch,
             max_failures=0 if self.bank is None else self.bank.capacity,
+            validate_args=False,  # the probe draw checked the values
         )
-        absent = [c for c in range(sweep.num_classes) if c not in probe.class_counts]
+        levels = max(len(p.levels) for p in self.properties)
+        metric = LocalRobustness(run.num_classes, self.properties, levels).to(run.target.device)
+        for prop in self.properties:
+            metric.update(run.logits[prop.name], run.target, prop.name)
+        local = metric.compute()  # counts summed over every process
+        adder = None
+        if run.adder_share is not None:
+            assert self.combine is not None
+            metric_adder = AdderGlobalRobustness(run.num_classes, self.properties, levels, self.combine)
+            metric_adder.to(run.target.device).update(*run.adder_share)
+            adder = metric_adder.compute()
+        absent = [c for c in range(run.num_classes) if c not in probe.class_counts]
         record: dict[str, Any] = {
             "local": {},
             "global": {},
@@ -202,28 +203,28 @@ class RobustnessCallback(ProbeCallback):
         }
         logged: dict[str, float] = {}
         for prop in self.properties:
-            curve = sweep.local[prop.name].per_level.reshape(-1)[: len(prop.levels)].tolist()
+            curve = local[prop.name].per_level.reshape(-1).tolist()
             record["local"][prop.name] = {"levels": list(prop.levels), "lr_p": curve}
             logged[f"robustness/{prop.name}"] = sum(curve) / len(curve)
             logged.update({f"robustness/{prop.name}@{level:g}": v for level, v in zip(prop.levels, curve, strict=True)})
-            if prop.name in sweep.adder:
-                global_curve = sweep.adder[prop.name][0].reshape(-1)[: len(prop.levels)].tolist()
+            if adder is not None and prop.name in adder:
+                global_curve = adder[prop.name][0].reshape(-1).tolist()
                 record["global"][prop.name] = global_curve
                 logged[f"global_robustness/{prop.name}"] = sum(global_curve) / len(global_curve)
-        if sweep.pairs is not None:
+        if run.pairs is not None:
             summary = summarize_errors(
-                [p.name for p in self.properties], num_classes=sweep.num_classes, combine=self.combine, **sweep.pairs
+                [p.name for p in self.properties], num_classes=run.num_classes, combine=self.combine, **run.pairs
             )
             self.error_summary = summary.to_dict(include_failures=False)
             self._pending_summary = summary
             proposal = summary.proposal
         else:
-            proposal = _local_proposal(sweep, self.properties)
+            proposal = _local_proposal(local, self.properties)
         if self.guide is not None and stage == "validation":
             self.proposal = proposal
             self.guide.set_proposal(proposal)
         if self.bank is not None and stage == "validation":
-            self.bank.add(*sweep.failures, origin="robustness")
+            self.bank.add(*run.failures, origin="robustness")
         return record, logged
 
     def _warn_short_classes(self, probe: ProbeSet) -> None:
@@ -270,20 +271,6 @@ class RobustnessCallback(ProbeCallback):
                 xs=entry["levels"], ys=ys, keys=keys, title=f"robustness under {name}", xname=f"{name} level"
             )
             experiment.log({f"robustness/curve/{name}": chart, "trainer/global_step": trainer.global_step})
-
-    # ---- feeding back -----------------------------------------------------------------------
-
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        if self.guide is None:
-            return
-        self._check_train_batch(batch)
-        if self.proposal is None:
-            return
-        images, labels = self.accessor.read(batch)
-        with torch.no_grad():
-            self.accessor.write(batch, self.guide(images, labels))
 
     # ---- checkpointing ----------------------------------------------------------------------
 

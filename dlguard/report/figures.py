@@ -10,15 +10,6 @@ from collections.abc import Mapping, Sequence
 import matplotlib
 from matplotlib.figure import Figure
 
-# The result figures moved to dlguard.utilities.plot (below the metrics, whose plot() draws with
-# them); these names stay importable from here until dlguard/callbacks/ imports them from there.
-from dlguard.utilities.plot import (  # noqa: F401
-    plot_coverage_by_layer,
-    plot_dscore_heatmaps,
-    plot_image_grid,
-    plot_robustness_curves,
-)
-
 __all__ = ["plot_training_curves"]
 
 

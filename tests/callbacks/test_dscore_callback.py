@@ -10,9 +10,11 @@ from torch import nn
 from dlguard.augment import ScoreGuidedPadding
 from dlguard.callbacks import DScoreCallback
 from dlguard.data import MNISTDataModule
-from dlguard.generate import measure_dscore
+from dlguard.generate import dscore_test
+from dlguard.metrics import DScore
 from dlguard.metrics.functional import d_score
 from dlguard.zoo import ClassifierModule, mnist_a, pretrained
+from tests.callbacks.recompute import dscore_logged
 from tests.probes.fingerprint import assert_unchanged, fingerprint
 from tests.quick import quick_trainer
 
@@ -34,6 +36,9 @@ def test_fit_logs_dscore_and_drives_the_guide(tmp_path: Path) -> None:
         assert float(logged[f"dscore/{key}"]) == pytest.approx(latest[key], abs=1e-6)
     assert guide.p == pytest.approx(latest["augment_probability"]) and 0 < guide.p < 1
     assert float(logged["dscore/guide_p"]) == pytest.approx(guide.p)
+    # every logged number is the generator's on the callback's probe set, fed to the same metric
+    expected = dscore_logged(callback, trainer.lightning_module)
+    assert {k: float(v) for k, v in logged.items() if k.startswith("dscore/")} == pytest.approx(expected, abs=1e-6)
     # the record is consistent with the paper's formulas on its own accuracies
     again = d_score(latest["baseline_acc"], latest["deletion_acc"], latest["translation_acc"], 10)
     assert float(again.d_score) == pytest.approx(latest["d_score"], abs=1e-12)
@@ -51,8 +56,11 @@ def test_probe_is_a_random_fixed_draw_across_classes(tmp_path: Path) -> None:
     with torch.no_grad():
         accuracy = (module(images).argmax(1) == target).float().mean()
     before = fingerprint(module)
-    result = measure_dscore(module, images, target, n=2)
+    run = dscore_test(module, images, target, n=2)
     assert_unchanged(module, before)
+    metric = DScore(n=2, num_classes=run.num_classes)
+    metric.update(run.logits, run.mutant_logits, run.translated_logits, run.target)
+    result = metric.compute()
     assert float(result.baseline_accuracy) == pytest.approx(float(accuracy))
     assert result.feature_distribution.shape == (4,)
 

@@ -14,12 +14,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from dlguard._random import content_keys, keyed_uniform
 from dlguard.callbacks import FailureReplay, HDACallback
-from dlguard.callbacks.hda import _HOLDOUT_SALT
 from dlguard.data import MNISTDataModule
-from dlguard.generate import PCADistribution, VAEDistribution, hda_test
+from dlguard.generate import HOLDOUT_SALT, PCADistribution, VAEDistribution, hda_test
 from dlguard.metrics.functional import empirical_global_robustness, prediction_loss
 from dlguard.zoo import ClassifierModule, pretrained
 from tests.callbacks.projects import DigitDicts, NormalizedDigits, normalize
+from tests.callbacks.recompute import hda_logged
 from tests.callbacks.test_projects import SignalClassifier, Signals
 from tests.probes.fingerprint import assert_unchanged, fingerprint
 from tests.quick import quick_trainer
@@ -35,7 +35,7 @@ LOGGED = {
 }
 # mutations larger than the SPEC's 0.003 find AEs in a dozen iterations: tests stay fast and meet AEs
 FAST = {"mutation_std": 0.05, "init_std": 0.1}
-SMALL = {"k": 6, "candidates": 40, "population": 60, "iterations": 12, "holdout": 0.5, **FAST}
+SMALL = {"k": 6, "probe_size": 40, "population": 60, "iterations": 12, "holdout": 0.5, **FAST}
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def logits_of(out: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def test_a_measurement_equals_an_independent_run_and_feeds_the_bank(tmp_path: Path, distribution) -> None:
     replay = FailureReplay(fraction=0.25)
-    callback = HDACallback(distribution, bank=replay.bank, radius=0.3, **SMALL)
+    callback = HDACallback(distribution=distribution, bank=replay.bank, radius=0.3, **SMALL)
     trainer = quick_trainer(tmp_path, [callback, replay], val_batches=2)
     module = ClassifierModule(pretrained("mnist_a"))
     trainer.validate(module, datamodule=MNISTDataModule(batch_size=50), verbose=False)
@@ -72,7 +72,7 @@ def test_a_measurement_equals_an_independent_run_and_feeds_the_bank(tmp_path: Pa
     assert logged["hda/ae_proportion"] == pytest.approx(float(found.float().mean()), abs=1e-9)
     assert logged["hda/ae_proportion"] > 0
     with torch.no_grad():
-        j = prediction_loss(net(run.ga.best), run.labels)
+        j = prediction_loss(net(run.ga.best), run.target)
     assert bool((j[found] >= -1e-4).all())  # AEs, up to the last bits of another batch size
     assert logged["hda/prediction_loss"] == pytest.approx(float(j[found].mean()), abs=1e-4)
     eps = (run.ga.best - run.seeds).flatten(1).abs().amax(1)
@@ -85,7 +85,7 @@ def test_a_measurement_equals_an_independent_run_and_feeds_the_bank(tmp_path: Pa
     assert logged["hda/seed_density"] > 1 / 40  # selected seeds are denser than a random draw's expectation
 
     # held out by content: their test cases are fixed; R̂_g at the first measurement weighs the seeds without an AE
-    held = keyed_uniform(run.keys, (1,), salt=_HOLDOUT_SALT).squeeze(1) <= 0.5
+    held = keyed_uniform(run.keys, (1,), salt=HOLDOUT_SALT).squeeze(1) <= 0.5
     assert torch.equal(callback.heldout["keys"], run.keys[held].sort().values)
     weights = run.log_density[held].exp()
     expected = float((weights * ~found[held]).sum() / weights.sum())
@@ -101,17 +101,19 @@ def test_a_measurement_equals_an_independent_run_and_feeds_the_bank(tmp_path: Pa
     assert replay.bank.origins() == ({"hda": int(banked)} if banked else {})
     if banked:
         stored, labels = replay.bank.inputs("hda"), replay.bank.labels("hda")
-        assert torch.equal(labels, run.labels[found & ~held])
+        assert torch.equal(labels, run.target[found & ~held])
         with torch.no_grad():
             assert bool((prediction_loss(net(stored), labels) >= -1e-4).all())
     assert (tmp_path / "hda" / "hda_gallery.png").is_file()
+    # and all of them at once: the generator on the callback's probe set, fed to the same metrics
+    assert logged == pytest.approx(hda_logged(callback, net), abs=1e-6)
 
 
 def test_replay_of_hda_aes_raises_global_robustness(tmp_path: Path, distribution) -> None:
     """HDA adversarial fine-tuning inside an ordinary fit: R̂_g on the held-out AEs rises."""
     replay = FailureReplay(fraction=0.5)
-    callback = HDACallback(distribution, k=20, candidates=100, population=100, iterations=20, radius=0.2, **FAST,
-                           holdout=0.3, bank=replay.bank)  # fmt: skip
+    callback = HDACallback(distribution=distribution, k=20, probe_size=100, population=100, iterations=20,
+                           radius=0.2, **FAST, holdout=0.3, bank=replay.bank)  # fmt: skip
     trainer = quick_trainer(tmp_path, [callback, replay], epochs=4, train_batches=20, val_batches=2)
     trainer.fit(ClassifierModule(pretrained("mnist_a"), lr=1e-3), datamodule=MNISTDataModule(batch_size=50))
     curve = [record["logged"]["hda/global_robustness"] for record in callback.history]
@@ -123,13 +125,13 @@ def test_the_model_is_left_as_found_and_bad_input_fails_before_any_work(tmp_path
     module = ClassifierModule(pretrained("mnist_a")).train()
     module.net.fc3.weight.requires_grad_(False)
     before = fingerprint(module)
-    trainer = quick_trainer(tmp_path, [HDACallback(distribution, **SMALL)], val_batches=2)
+    trainer = quick_trainer(tmp_path, [HDACallback(distribution=distribution, **SMALL)], val_batches=2)
     trainer.validate(module, datamodule=MNISTDataModule(batch_size=50), verbose=False)
     module.train()  # validate()'s own eval() is Lightning's
     assert_unchanged(module, before)
 
     with pytest.raises(ValueError, match="distribution: is not fitted"):
-        quick_trainer(tmp_path, [HDACallback(PCADistribution(8), **SMALL)]).fit(
+        quick_trainer(tmp_path, [HDACallback(distribution=PCADistribution(8), **SMALL)]).fit(
             module, datamodule=MNISTDataModule(batch_size=50)
         )
     module.train()
@@ -144,19 +146,21 @@ def test_the_model_is_left_as_found_and_bad_input_fails_before_any_work(tmp_path
         ({"holdout": 1.5}, "holdout"),
     ):
         with pytest.raises(ValueError, match=message):
-            HDACallback(distribution, **{**SMALL, **kwargs})
+            HDACallback(distribution=distribution, **{**SMALL, **kwargs})
     with pytest.raises(ValueError, match="distribution: expected a GlobalDistribution"):
-        HDACallback(pretrained("vae_mnist"))
+        HDACallback(distribution=pretrained("vae_mnist"))
 
 
 def test_outputs_that_are_not_logits_are_refused_naming_output_transform(tmp_path: Path, distribution) -> None:
-    trainer = quick_trainer(tmp_path, [HDACallback(distribution, preprocess=normalize, batch_keys=KEYS, **SMALL)])
+    trainer = quick_trainer(
+        tmp_path, [HDACallback(distribution=distribution, preprocess=normalize, batch_keys=KEYS, **SMALL)]
+    )
     with pytest.raises(ValueError, match="output_transform"):
         trainer.fit(NormalizedDigits(output_dict=True), datamodule=DigitDicts())
 
 
 def test_k_larger_than_the_candidates_warns_and_uses_all(tmp_path: Path, distribution) -> None:
-    callback = HDACallback(distribution, **{**SMALL, "k": 60})
+    callback = HDACallback(distribution=distribution, **{**SMALL, "k": 60})
     trainer = quick_trainer(tmp_path, [callback], val_batches=1)
     with pytest.warns(UserWarning, match=r"k = 60 seeds asked for but there are only 40 candidates"):
         trainer.validate(ClassifierModule(pretrained("mnist_a")), datamodule=MNISTDataModule(batch_size=50),
@@ -165,7 +169,9 @@ def test_k_larger_than_the_candidates_warns_and_uses_all(tmp_path: Path, distrib
 
 
 def test_normalised_model_dict_batches_dict_outputs_equal_the_pixel_model(tmp_path: Path, distribution) -> None:
-    callback = HDACallback(distribution, preprocess=normalize, output_transform=logits_of, batch_keys=KEYS, **SMALL)
+    callback = HDACallback(
+        distribution=distribution, preprocess=normalize, output_transform=logits_of, batch_keys=KEYS, **SMALL
+    )
     trainer = quick_trainer(tmp_path, [callback], train_batches=1, val_batches=2)
     module = NormalizedDigits(output_dict=True, lr=0.0)
     trainer.fit(module, datamodule=DigitDicts())
@@ -177,7 +183,7 @@ def test_normalised_model_dict_batches_dict_outputs_equal_the_pixel_model(tmp_pa
 
 
 def test_several_loaders_and_limit_val_batches(tmp_path: Path, distribution) -> None:
-    callback = HDACallback(distribution, dataloader_idx=1, preprocess=normalize, batch_keys=KEYS, **SMALL)
+    callback = HDACallback(distribution=distribution, dataloader_idx=1, preprocess=normalize, batch_keys=KEYS, **SMALL)
     trainer = quick_trainer(tmp_path, [callback], train_batches=1, val_batches=1)
     datamodule = DigitDicts(val_splits=(200, 300))
     trainer.fit(NormalizedDigits(), datamodule=datamodule)
@@ -187,7 +193,7 @@ def test_several_loaders_and_limit_val_batches(tmp_path: Path, distribution) -> 
 
 
 def test_validate_and_test_measure_on_their_own_loaders(tmp_path: Path, distribution) -> None:
-    callback = HDACallback(distribution, preprocess=normalize, batch_keys=KEYS, **SMALL)
+    callback = HDACallback(distribution=distribution, preprocess=normalize, batch_keys=KEYS, **SMALL)
     trainer = quick_trainer(tmp_path, [callback], val_batches=1, limit_test_batches=1)
     module, datamodule = NormalizedDigits(), DigitDicts()
     validated = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
@@ -202,7 +208,7 @@ def test_validate_and_test_measure_on_their_own_loaders(tmp_path: Path, distribu
 def test_precisions_give_the_float32_numbers(tmp_path: Path, precision: str, distribution) -> None:
     runs = {}
     for name in ("32-true", precision):
-        callback = HDACallback(distribution, preprocess=normalize, batch_keys=KEYS, **SMALL)
+        callback = HDACallback(distribution=distribution, preprocess=normalize, batch_keys=KEYS, **SMALL)
         trainer = quick_trainer(tmp_path / name, [callback], train_batches=1, val_batches=2, precision=name)
         trainer.fit(NormalizedDigits(lr=0.0), datamodule=DigitDicts())
         runs[name] = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("hda/")}
@@ -226,7 +232,7 @@ def _hda_rows(path: Path) -> dict[int, dict[str, float]]:
 def _resumable(tmp_path: Path, distribution) -> list[L.Callback]:
     replay = FailureReplay(fraction=0.25, batch_keys=KEYS)
     return [
-        HDACallback(distribution, bank=replay.bank, preprocess=normalize, batch_keys=KEYS, **SMALL),
+        HDACallback(distribution=distribution, bank=replay.bank, preprocess=normalize, batch_keys=KEYS, **SMALL),
         replay,
         ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_top_k=-1, every_n_epochs=1),
     ]
@@ -260,7 +266,9 @@ def test_signals_get_hda_with_a_pca_distribution(tmp_path: Path) -> None:
     data = UnitSignals()
     data.setup()
     distribution = PCADistribution(n_components=4).fit(data.data.tensors[0][:480])
-    callback = HDACallback(distribution, k=4, candidates=30, population=40, iterations=5, radius=0.2, **FAST)
+    callback = HDACallback(
+        distribution=distribution, k=4, probe_size=30, population=40, iterations=5, radius=0.2, **FAST
+    )
     trainer = quick_trainer(tmp_path, [callback], epochs=2, train_batches=10, val_batches=3)
     trainer.fit(SignalClassifier(), datamodule=UnitSignals())
     logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("hda/")}
@@ -269,7 +277,7 @@ def test_signals_get_hda_with_a_pca_distribution(tmp_path: Path) -> None:
 
 
 def test_no_held_out_seeds_logs_no_global_robustness(tmp_path: Path, distribution) -> None:
-    callback = HDACallback(distribution, **{**SMALL, "holdout": 0.0})
+    callback = HDACallback(distribution=distribution, **{**SMALL, "holdout": 0.0})
     trainer = quick_trainer(tmp_path, [callback], val_batches=1)
     logged = trainer.validate(ClassifierModule(pretrained("mnist_a")), datamodule=MNISTDataModule(batch_size=50),
                               verbose=False)[0]  # fmt: skip

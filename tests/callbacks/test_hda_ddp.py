@@ -27,14 +27,14 @@ def _distribution() -> VAEDistribution:
 def test_the_callback_pickles() -> None:
     """ddp_spawn pickles the trainer's callbacks (and so the fitted distribution) into its workers."""
     replay = FailureReplay()
-    copy = pickle.loads(pickle.dumps(HDACallback(_distribution(), bank=replay.bank)))
+    copy = pickle.loads(pickle.dumps(HDACallback(distribution=_distribution(), bank=replay.bank)))
     assert copy.distribution.is_fitted and copy.k == 10 and copy.ga["population"] == 1000
 
 
 def _run(tmp_path: Path, devices: int) -> dict[str, float]:
     extra = {"strategy": "ddp_spawn"} if devices > 1 else {}
     replay = FailureReplay()
-    callback = HDACallback(_distribution(), bank=replay.bank)  # default arguments: k 10, N 1000, T 100
+    callback = HDACallback(distribution=_distribution(), bank=replay.bank)  # default arguments: k 10, N 1000, T 100
     trainer = quick_trainer(tmp_path, [callback, replay], val_batches=1.0, accelerator="cpu", devices=devices, **extra)
     # validate(): no training step, so both runs measure the same weights on the same 1,000 validation digits
     trainer.validate(ClassifierModule(pretrained("mnist_a")), datamodule=MNISTDataModule(batch_size=250))

@@ -21,6 +21,7 @@ from dlguard.callbacks import FailureReplay, MetamorphicCallback
 from dlguard.data import MNISTDataModule
 from dlguard.zoo import ClassifierModule, pretrained
 from tests.callbacks.projects import DigitDicts, NormalizedDigits, normalize
+from tests.callbacks.recompute import metamorphic_logged
 from tests.callbacks.test_projects import SignalClassifier, Signals
 from tests.probes.fingerprint import assert_unchanged, fingerprint
 from tests.quick import quick_trainer
@@ -119,7 +120,9 @@ def reference_regression(
 def test_steering_numbers_equal_an_independent_loop_and_violations_go_to_the_bank(tmp_path: Path) -> None:
     replay = FailureReplay(fraction=0.25)
     properties = chosen()
-    callback = MetamorphicCallback(properties, task="regression", lam=2.0, epsilon=0.01, size=64, bank=replay.bank)
+    callback = MetamorphicCallback(
+        properties=properties, task="regression", lam=2.0, epsilon=0.01, probe_size=64, bank=replay.bank
+    )
     trainer = quick_trainer(tmp_path, [callback, replay], epochs=1, train_batches=8, val_batches=4)
     module = RampRegressor()
     trainer.fit(module, datamodule=Ramps())
@@ -142,6 +145,7 @@ def test_steering_numbers_equal_an_independent_loop_and_violations_go_to_the_ban
     assert logged["metamorphic/violation_rate"] == pytest.approx(total, abs=1e-6)
     assert 0 < total < 1 and counts["fog"][1] == 5 * 64  # fog is never filtered by eq. 3
     assert any(counted < 10 * 64 for name, (_, counted) in counts.items() if name != "fog")  # eq. 3 dropped some
+    assert logged == pytest.approx(metamorphic_logged(callback, module), abs=1e-6)  # the generator, the metric
 
     stored, labels = replay.bank.inputs("metamorphic"), replay.bank.labels("metamorphic")
     expected = torch.cat(violating)
@@ -153,7 +157,7 @@ def test_steering_numbers_equal_an_independent_loop_and_violations_go_to_the_ban
 
 def test_classification_numbers_equal_an_independent_loop(tmp_path: Path) -> None:
     properties = chosen(("rotation", "rain"))
-    callback = MetamorphicCallback(properties, size=50)
+    callback = MetamorphicCallback(properties=properties, probe_size=50)
     trainer = quick_trainer(tmp_path, [callback], val_batches=2)
     module = ClassifierModule(pretrained("mnist_a"))
     trainer.validate(module, datamodule=MNISTDataModule(batch_size=50), verbose=False)
@@ -167,15 +171,18 @@ def test_classification_numbers_equal_an_independent_loop(tmp_path: Path) -> Non
             rate = sum(changed) / (len(prop.levels) * 50)
             assert logged[f"metamorphic/{prop.name}"] == pytest.approx(rate, abs=1e-6), prop.name
     assert 0 < logged["metamorphic/rotation"] < logged["metamorphic/rain"] + 1
-    record = callback.latest["per_transformation"]["rotation"]
+    record = callback.latest["per_property"]["rotation"]
     assert record["inputs"] == [50] * 10 and record["violations"][0] <= record["violations"][-1]  # 3° < 30°
+    assert logged == pytest.approx(metamorphic_logged(callback, module.net), abs=1e-6)  # the generator, the metric
 
 
 def test_the_model_is_left_as_found_and_bad_input_fails_before_any_work(tmp_path: Path) -> None:
     module = ClassifierModule(pretrained("mnist_a")).train()
     module.net.fc3.weight.requires_grad_(False)
     before = fingerprint(module)
-    trainer = quick_trainer(tmp_path, [MetamorphicCallback(chosen(("brightness",)), size=20)], val_batches=1)
+    trainer = quick_trainer(
+        tmp_path, [MetamorphicCallback(properties=chosen(("brightness",)), probe_size=20)], val_batches=1
+    )
     trainer.validate(module, datamodule=MNISTDataModule(batch_size=50), verbose=False)
     module.train()
     assert_unchanged(module, before)
@@ -184,26 +191,30 @@ def test_the_model_is_left_as_found_and_bad_input_fails_before_any_work(tmp_path
         ({"lam": 0.0}, "lam: expected λ > 0"),
         ({"lam": -1.0}, "lam"),
         ({"epsilon": -0.01}, "epsilon: expected ε >= 0"),
-        ({"transformations": []}, "transformations: expected a non-empty list of Property"),
-        ({"transformations": ["fog"]}, "transformations: expected dlguard.augment.Property items"),
+        ({"properties": []}, "properties: expected a non-empty list of dlguard.augment.Property"),
+        ({"properties": ["fog"]}, "properties: expected dlguard.augment.Property items"),
         ({"task": "steering"}, "task: expected one of"),
-        ({"size": 0}, "size"),
+        ({"probe_size": 0}, "probe_size"),
     ):
         with pytest.raises(ValueError, match=message):
-            MetamorphicCallback(**{"transformations": chosen(("brightness",)), **kwargs})
+            MetamorphicCallback(**{"properties": chosen(("brightness",)), **kwargs})
 
+    with pytest.raises(TypeError, match=r"MetamorphicCallback\(\) got unexpected keyword arguments \['size'\]"):
+        MetamorphicCallback(size=20)
     # a classifier given the regression relation, and a steering model given the classification relation
-    wrong = MetamorphicCallback(chosen(("brightness",)), task="regression", size=20)
+    wrong = MetamorphicCallback(properties=chosen(("brightness",)), task="regression", probe_size=20)
     with pytest.raises(ValueError, match="regression"):
         quick_trainer(tmp_path, [wrong], val_batches=1).validate(module, MNISTDataModule(batch_size=50), verbose=False)
     module.train()
     assert_unchanged(module, before)
     steering = RampRegressor()
     steering_before = fingerprint(steering)
-    callback = MetamorphicCallback(chosen(("brightness",)), size=20)  # task="classification", float targets
+    callback = MetamorphicCallback(
+        properties=chosen(("brightness",)), probe_size=20
+    )  # task="classification", float targets
     with pytest.raises(ValueError, match="task: 'classification' needs integer class labels"):
         quick_trainer(tmp_path, [callback], val_batches=1).validate(steering, Ramps(), verbose=False)
-    labelled = MetamorphicCallback(chosen(("brightness",)), task="classification", size=20,
+    labelled = MetamorphicCallback(properties=chosen(("brightness",)), task="classification", probe_size=20,
                                    batch_keys=lambda batch: (batch[0], (batch[1] > 0).long()))  # fmt: skip
     with pytest.raises(ValueError, match="regression output"):
         quick_trainer(tmp_path, [labelled], val_batches=1).validate(steering, Ramps(), verbose=False)
@@ -212,7 +223,9 @@ def test_the_model_is_left_as_found_and_bad_input_fails_before_any_work(tmp_path
 
 
 def test_outputs_that_are_not_tensors_are_refused_naming_output_transform(tmp_path: Path) -> None:
-    callback = MetamorphicCallback(chosen(("brightness",)), size=20, preprocess=normalize, batch_keys=KEYS)
+    callback = MetamorphicCallback(
+        properties=chosen(("brightness",)), probe_size=20, preprocess=normalize, batch_keys=KEYS
+    )
     with pytest.raises(ValueError, match="output_transform"):
         quick_trainer(tmp_path, [callback], val_batches=1).fit(NormalizedDigits(output_dict=True), DigitDicts())
 
@@ -224,7 +237,7 @@ def test_normalised_model_dict_batches_dict_outputs_equal_the_pixel_model(tmp_pa
         ("normalised", NormalizedDigits(output_dict=True, lr=0.0),
          {"preprocess": normalize, "output_transform": logits_of, "batch_keys": KEYS}, DigitDicts()),
     ):  # fmt: skip
-        callback = MetamorphicCallback(chosen(), size=30, **kwargs)
+        callback = MetamorphicCallback(properties=chosen(), probe_size=30, **kwargs)
         trainer = quick_trainer(tmp_path / name, [callback], val_batches=2)
         trainer.validate(module, datamodule=datamodule, verbose=False)
         runs[name] = logged_of(trainer)
@@ -234,8 +247,9 @@ def test_normalised_model_dict_batches_dict_outputs_equal_the_pixel_model(tmp_pa
 
 
 def test_several_loaders_and_limit_val_batches(tmp_path: Path) -> None:
-    callback = MetamorphicCallback(chosen(("contrast",)), size=20, dataloader_idx=1, preprocess=normalize,
-                                   batch_keys=KEYS)  # fmt: skip
+    callback = MetamorphicCallback(
+        properties=chosen(("contrast",)), probe_size=20, dataloader_idx=1, preprocess=normalize, batch_keys=KEYS
+    )
     trainer = quick_trainer(tmp_path, [callback], train_batches=1, val_batches=1)
     datamodule = DigitDicts(val_splits=(200, 300))
     trainer.fit(NormalizedDigits(), datamodule=datamodule)
@@ -245,7 +259,7 @@ def test_several_loaders_and_limit_val_batches(tmp_path: Path) -> None:
 
 
 def test_validate_and_test_measure_on_their_own_loaders(tmp_path: Path) -> None:
-    callback = MetamorphicCallback(chosen(("brightness",)), task="regression", size=20)
+    callback = MetamorphicCallback(properties=chosen(("brightness",)), task="regression", probe_size=20)
     trainer = quick_trainer(tmp_path, [callback], val_batches=1, limit_test_batches=1)
     module, datamodule = RampRegressor(), Ramps()
     validated = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
@@ -260,7 +274,7 @@ def test_validate_and_test_measure_on_their_own_loaders(tmp_path: Path) -> None:
 def test_precisions_give_the_float32_numbers(tmp_path: Path, precision: str) -> None:
     runs = {}
     for name in ("32-true", precision):
-        callback = MetamorphicCallback(chosen(("brightness", "fog")), task="regression", size=40)
+        callback = MetamorphicCallback(properties=chosen(("brightness", "fog")), task="regression", probe_size=40)
         trainer = quick_trainer(tmp_path / name, [callback], train_batches=2, val_batches=2, precision=name)
         trainer.fit(RampRegressor(lr=0.0), datamodule=Ramps())
         runs[name] = logged_of(trainer)
@@ -282,7 +296,9 @@ def _rows(path: Path) -> dict[int, dict[str, float]]:
 def _resumable(tmp_path: Path) -> list[L.Callback]:
     replay = FailureReplay(fraction=0.25)
     return [
-        MetamorphicCallback(chosen(("brightness", "fog")), task="regression", lam=2.0, size=40, bank=replay.bank),
+        MetamorphicCallback(
+            properties=chosen(("brightness", "fog")), task="regression", lam=2.0, probe_size=40, bank=replay.bank
+        ),
         replay,
         ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_top_k=-1, every_n_epochs=1),
     ]
@@ -302,9 +318,11 @@ def test_a_resumed_run_measures_what_an_uninterrupted_run_measures(tmp_path: Pat
 
 def test_signals_take_properties_for_any_tensor(tmp_path: Path) -> None:
     noise_and_brightness = [p for p in default_properties(value_range=None) if not p.needs_images]
-    callback = MetamorphicCallback(noise_and_brightness, size=32)
+    callback = MetamorphicCallback(properties=noise_and_brightness, probe_size=32)
     trainer = quick_trainer(tmp_path, [callback], val_batches=2)
     trainer.fit(SignalClassifier(), datamodule=Signals())
     assert {"metamorphic/noise", "metamorphic/brightness"} <= set(logged_of(trainer))
-    with pytest.raises(ValueError, match=r"transformations: \['rotation'\] need images \(B, C, H, W\)"):
-        quick_trainer(tmp_path, [MetamorphicCallback(chosen(("rotation",)))]).fit(SignalClassifier(), Signals())
+    with pytest.raises(ValueError, match=r"properties: 'rotation' needs images \(B, C, H, W\)"):
+        quick_trainer(tmp_path, [MetamorphicCallback(properties=chosen(("rotation",)))]).fit(
+            SignalClassifier(), Signals()
+        )

@@ -17,7 +17,7 @@ from tests.quick import quick_trainer
 def test_the_callback_pickles() -> None:
     replay = FailureReplay()
     copy = pickle.loads(pickle.dumps(MetamorphicCallback(bank=replay.bank)))
-    assert copy.size == 256 and copy.bank is not None and len(copy.transformations) == 12
+    assert copy.probe_size == 256 and copy.bank is not None and len(copy.properties) == 12
 
 
 def _run(tmp_path: Path, devices: int) -> dict[str, float]:

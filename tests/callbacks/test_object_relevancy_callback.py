@@ -20,6 +20,7 @@ from dlguard.metrics.functional import unreliable
 from dlguard.zoo import ClassifierModule, mnist_a, pretrained
 from tests.callbacks.projects import DigitDicts, NormalizedDigits, normalize
 from tests.callbacks.test_projects import SignalClassifier, Signals
+from tests.callbacks.recompute import relevancy_logged
 from tests.probes.fingerprint import assert_unchanged, fingerprint
 from tests.quick import quick_trainer
 
@@ -42,7 +43,7 @@ def logged_of(trainer: L.Trainer) -> dict[str, float]:
 
 def test_a_measurement_equals_a_direct_run_and_feeds_the_bank(tmp_path: Path) -> None:
     replay = FailureReplay(fraction=0.25)
-    callback = ObjectRelevancyCallback(masks=digit_masks, size=40, bank=replay.bank, p_high=0.8, workers=1)
+    callback = ObjectRelevancyCallback(masks=digit_masks, probe_size=40, bank=replay.bank, p_high=0.8, workers=1)
     trainer = quick_trainer(tmp_path, [callback, replay], val_batches=2)
     module = ClassifierModule(pretrained("mnist_a"))
     trainer.validate(module, datamodule=MNISTDataModule(batch_size=50), verbose=False)
@@ -70,10 +71,12 @@ def test_a_measurement_equals_a_direct_run_and_feeds_the_bank(tmp_path: Path) ->
     assert torch.equal(labels, probe.target[flagged].repeat_interleave(4))
     assert (tmp_path / "relevancy" / "relevancy_gallery.png").is_file()
     assert (tmp_path / "relevancy" / "relevancy_distribution.png").is_file()
+    # the generator on the callback's probe set and the follow-ups made independently, fed to the same metric
+    assert logged == pytest.approx(relevancy_logged(callback, module.net, follow_ups=follow_ups), abs=1e-6)
 
 
 def test_follow_ups_are_made_once_and_reused_every_epoch(tmp_path: Path) -> None:
-    callback = ObjectRelevancyCallback(masks=digit_masks, size=30)
+    callback = ObjectRelevancyCallback(masks=digit_masks, probe_size=30)
     trainer = quick_trainer(tmp_path, [callback], epochs=3, train_batches=2, val_batches=2)
     trainer.fit(ClassifierModule(pretrained("mnist_a")), datamodule=MNISTDataModule(batch_size=50))
     assert len(callback.history) == 3
@@ -86,7 +89,7 @@ def test_the_model_is_left_as_found_and_bad_input_fails_before_any_work(tmp_path
     module = ClassifierModule(pretrained("mnist_a")).train()
     module.net.fc3.weight.requires_grad_(False)
     before = fingerprint(module)
-    trainer = quick_trainer(tmp_path, [ObjectRelevancyCallback(masks=digit_masks, size=20)], val_batches=1)
+    trainer = quick_trainer(tmp_path, [ObjectRelevancyCallback(masks=digit_masks, probe_size=20)], val_batches=1)
     trainer.validate(module, datamodule=MNISTDataModule(batch_size=50), verbose=False)
     module.train()
     assert_unchanged(module, before)
@@ -96,7 +99,7 @@ def test_the_model_is_left_as_found_and_bad_input_fails_before_any_work(tmp_path
         (lambda x: x[:, 0] > 2.0, "masks: input 0 of the batch has an empty mask"),
         (5, "masks: cannot read the object masks at key 5"),
     ):
-        trainer = quick_trainer(tmp_path, [ObjectRelevancyCallback(masks=masks, size=20)], val_batches=1)
+        trainer = quick_trainer(tmp_path, [ObjectRelevancyCallback(masks=masks, probe_size=20)], val_batches=1)
         with pytest.raises(ValueError, match=message):
             trainer.fit(module, datamodule=MNISTDataModule(batch_size=50))
         module.train()
@@ -109,7 +112,7 @@ def test_the_model_is_left_as_found_and_bad_input_fails_before_any_work(tmp_path
         ({"s_low": -0.5}, "s_low"),
         ({"backgrounds": torch.rand(2, 3, 28, 28) * 2}, r"backgrounds: expected values in \[0, 1\]"),
         ({"backgrounds": torch.rand(3, 28, 28)}, "backgrounds: expected"),
-        ({"size": 0}, "size"),
+        ({"probe_size": 0}, "probe_size"),
     ):
         with pytest.raises(ValueError, match=message):
             ObjectRelevancyCallback(masks=digit_masks, **kwargs)
@@ -118,13 +121,13 @@ def test_the_model_is_left_as_found_and_bad_input_fails_before_any_work(tmp_path
 
 
 def test_outputs_that_are_not_logits_are_refused_naming_output_transform(tmp_path: Path) -> None:
-    callback = ObjectRelevancyCallback(masks=digit_masks, size=20, preprocess=normalize, batch_keys=KEYS)
+    callback = ObjectRelevancyCallback(masks=digit_masks, probe_size=20, preprocess=normalize, batch_keys=KEYS)
     with pytest.raises(ValueError, match="output_transform"):
         quick_trainer(tmp_path, [callback]).fit(NormalizedDigits(output_dict=True), datamodule=DigitDicts())
 
 
 def test_normalised_model_dict_batches_dict_outputs_equal_the_pixel_model(tmp_path: Path) -> None:
-    callback = ObjectRelevancyCallback(masks=digit_masks, size=30, preprocess=normalize, output_transform=logits_of,
+    callback = ObjectRelevancyCallback(masks=digit_masks, probe_size=30, preprocess=normalize, output_transform=logits_of,
                                        batch_keys=KEYS)  # fmt: skip
     trainer = quick_trainer(tmp_path, [callback], train_batches=1, val_batches=2)
     module = NormalizedDigits(output_dict=True, lr=0.0)
@@ -136,7 +139,7 @@ def test_normalised_model_dict_batches_dict_outputs_equal_the_pixel_model(tmp_pa
 
 
 def test_scene_masks_come_from_the_batch(tmp_path: Path) -> None:
-    callback = ObjectRelevancyCallback(size=24)  # masks at position 2 of (image, label, mask)
+    callback = ObjectRelevancyCallback(probe_size=24)  # masks at position 2 of (image, label, mask)
     trainer = quick_trainer(tmp_path, [callback], val_batches=1)
     datamodule = SceneDataModule(batch_size=32)
     torch.manual_seed(0)
@@ -151,7 +154,7 @@ def test_scene_masks_come_from_the_batch(tmp_path: Path) -> None:
 
 
 def test_several_loaders_and_limit_val_batches(tmp_path: Path) -> None:
-    callback = ObjectRelevancyCallback(masks=digit_masks, size=20, dataloader_idx=1, preprocess=normalize,
+    callback = ObjectRelevancyCallback(masks=digit_masks, probe_size=20, dataloader_idx=1, preprocess=normalize,
                                        batch_keys=KEYS)  # fmt: skip
     trainer = quick_trainer(tmp_path, [callback], train_batches=1, val_batches=1)
     datamodule = DigitDicts(val_splits=(200, 300))
@@ -161,7 +164,7 @@ def test_several_loaders_and_limit_val_batches(tmp_path: Path) -> None:
 
 
 def test_validate_and_test_measure_on_their_own_loaders(tmp_path: Path) -> None:
-    callback = ObjectRelevancyCallback(masks=digit_masks, size=20, preprocess=normalize, batch_keys=KEYS)
+    callback = ObjectRelevancyCallback(masks=digit_masks, probe_size=20, preprocess=normalize, batch_keys=KEYS)
     trainer = quick_trainer(tmp_path, [callback], val_batches=1, limit_test_batches=1)
     module, datamodule = NormalizedDigits(), DigitDicts()
     validated = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
@@ -176,7 +179,7 @@ def test_validate_and_test_measure_on_their_own_loaders(tmp_path: Path) -> None:
 def test_precisions_give_the_float32_numbers(tmp_path: Path, precision: str) -> None:
     runs = {}
     for name in ("32-true", precision):
-        callback = ObjectRelevancyCallback(masks=digit_masks, size=30, preprocess=normalize, batch_keys=KEYS)
+        callback = ObjectRelevancyCallback(masks=digit_masks, probe_size=30, preprocess=normalize, batch_keys=KEYS)
         trainer = quick_trainer(tmp_path / name, [callback], train_batches=1, val_batches=2, precision=name)
         trainer.fit(NormalizedDigits(lr=0.0), datamodule=DigitDicts())
         runs[name] = logged_of(trainer)
@@ -198,7 +201,7 @@ def _rows(path: Path) -> dict[int, dict[str, float]]:
 def _resumable(tmp_path: Path) -> list[L.Callback]:
     replay = FailureReplay(fraction=0.25, batch_keys=KEYS)
     return [
-        ObjectRelevancyCallback(masks=digit_masks, size=30, bank=replay.bank, preprocess=normalize, batch_keys=KEYS),
+        ObjectRelevancyCallback(masks=digit_masks, probe_size=30, bank=replay.bank, preprocess=normalize, batch_keys=KEYS),
         replay,
         ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_top_k=-1, every_n_epochs=1),
     ]

@@ -19,7 +19,7 @@ from tests.quick import quick_trainer
 def test_the_callback_pickles() -> None:
     replay = FailureReplay()
     copy = pickle.loads(pickle.dumps(ObjectRelevancyCallback(bank=replay.bank)))
-    assert copy.size == 256 and copy.bank is not None
+    assert copy.probe_size == 256 and copy.bank is not None
 
 
 def _run(tmp_path: Path, devices: int) -> dict[str, float]:

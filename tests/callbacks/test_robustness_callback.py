@@ -13,6 +13,7 @@ from dlguard.callbacks import RobustnessCallback
 from dlguard.data import MNISTDataModule
 from dlguard.metrics.functional import digit_sum
 from dlguard.zoo import ClassifierModule, pretrained
+from tests.callbacks.recompute import robustness_logged
 from tests.quick import quick_trainer
 
 
@@ -40,12 +41,16 @@ def test_fit_logs_curves_and_writes_the_error_summary(tmp_path: Path) -> None:
     for figure in ("robustness_curves", "failure_rates", "top_confusions"):
         assert (tmp_path / "robustness" / f"{figure}.png").is_file()
     assert torch.allclose(guide.proposal, torch.tensor(summary["proposal"]))
+    # every logged number is the generator's on the callback's probe set, fed to the same metrics
+    expected = robustness_logged(callback, trainer.lightning_module)
+    got = {k: float(v) for k, v in logged.items() if "robustness/" in k}
+    assert got == pytest.approx(expected, abs=1e-6)
 
 
 def test_without_an_adder_the_guide_follows_local_robustness(tmp_path: Path) -> None:
     properties = [Property("bright", brightness_scale, (1.5, 3.0)), default_properties()[1]]
     guide = ErrorGuidedAugmentation(properties)
-    callback = RobustnessCallback(properties, per_class=10, guide=guide)
+    callback = RobustnessCallback(properties=properties, per_class=10, guide=guide)
     trainer = short_fit(tmp_path, [callback], epochs=1)
     probe = callback.probe_set()
     with torch.no_grad():  # an independent reference: the failure rate of each class under each property
@@ -115,7 +120,9 @@ def test_guide_replaces_training_images_in_place() -> None:
     [
         ({"per_class": 0}, "per_class: expected an integer of at least 1"),
         ({"pairs": -1}, "pairs"),
-        ({"properties": []}, "properties: expected Property objects with distinct names"),
+        ({"properties": []}, "properties: expected a non-empty list of dlguard.augment.Property"),
+        ({"properties": default_properties() * 2}, "properties: expected distinct property names"),
+        ({"guide": torch.nn.Identity()}, "guide: expected an ErrorGuidedAugmentation"),
         ({"combine": 3}, "combine: expected a callable"),
         ({"bank": []}, "bank: expected a FailureBank"),
         ({"guide": ErrorGuidedAugmentation([Property("x", brightness_scale, (2.0,))])}, "guide: its properties"),
