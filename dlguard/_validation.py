@@ -21,6 +21,11 @@ def positive_int(name: str, value: object, minimum: int = 1) -> int:
     return int(value)
 
 
+def optional_positive_int(name: str, value: object, minimum: int = 1) -> int | None:
+    """``None``, or ``value`` as an ``int`` of at least ``minimum`` (``max_batch=None``: a memory budget)."""
+    return None if value is None else positive_int(name, value, minimum)
+
+
 def probability(name: str, value: object) -> float:
     """``value`` as a ``float`` in ``[0, 1]`` (NaN rejected)."""
     if isinstance(value, bool) or not isinstance(value, Real) or not 0.0 <= float(value) <= 1.0:
@@ -92,12 +97,18 @@ def check_values(name: str, values: Tensor, bounds: tuple[float, float] | None =
         )
 
 
-def check_images(images: Tensor, name: str = "images", bounds: tuple[float, float] | None = (0.0, 1.0)) -> None:
-    """A float ``(B, C, H, W)`` batch without NaN, inside ``bounds`` (pixel space by default, SPEC §0)."""
+def check_images(
+    images: Tensor, name: str = "images", bounds: tuple[float, float] | None = (0.0, 1.0), values: bool = True
+) -> None:
+    """A float ``(B, C, H, W)`` batch without NaN, inside ``bounds`` (pixel space by default, SPEC §0).
+
+    ``values=False`` checks the type and shape only (no host sync): for callers that checked the values.
+    """
     check_tensor(name, images, floating=True)
     if images.ndim != 4:
         raise ValueError(f"{name}: expected images (B, C, H, W), got shape {tuple(images.shape)}")
-    check_values(name, images, bounds)
+    if values:
+        check_values(name, images, bounds)
 
 
 def check_labels(name: str, target: object, batch: int | None = None, num_classes: int | None = None) -> Tensor:

@@ -130,12 +130,10 @@ def object_follow_ups(images: Tensor, masks: Tensor, backgrounds: Tensor, *, wor
     Args:
         images: ``(B, C, H, W)`` floating sources in ``[0, 1]``, ``C`` in ``{1, 3}``.
         masks: ``(B, H, W)`` bool, ``True`` on each image's object; none may be empty.
-        backgrounds: ``(N, 3, H, W)`` or ``(N, C, H, W)`` floating backgrounds in ``[0, 1]`` of the images'
-            size, ``N ≥ 1`` (RGB ones become gray for grayscale images).
-        workers: threads generating images in parallel; ``None``: ``min(os.cpu_count(), B)``; ``1``: in
-            this thread. The result does not depend on it. OpenCV's own thread pool (``cv2.setNumThreads``)
-            is left as it is: an OpenCV call made while another thread holds that pool runs in its caller,
-            so the two never multiply.
+        backgrounds: ``(N, 3 or C, H, W)`` backgrounds, as :func:`~dlguard.augment.functional.follow_up_images`
+            takes them.
+        workers: threads generating images in parallel, as in
+            :func:`~dlguard.augment.functional.follow_up_images` (the result does not depend on it).
 
     Returns:
         :class:`FollowUps` on ``images``' device.

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Subset
 from torch.utils.hooks import RemovableHandle
 
-from dlguard._validation import check_values, positive_int, probability
+from dlguard._validation import check_values, optional_positive_int, positive_int, probability
 from dlguard.callbacks.base import ProbeCallback, ProbeOptions
 from dlguard.data.probe_set import ProbeSet
 from dlguard.metrics.coverage import (
@@ -116,8 +116,7 @@ class NeuronCoverageCallback(ProbeCallback):
         probability("threshold", threshold)
         positive_int("sections", sections)
         positive_int("top_k", top_k)
-        if max_profile_batches is not None:
-            positive_int("max_profile_batches", max_profile_batches)
+        optional_positive_int("max_profile_batches", max_profile_batches)
         super().__init__(**options)
         self.criteria = tuple(dict.fromkeys(criteria))
         self.layers = layers

@@ -10,7 +10,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import nn
 
-from dlguard._validation import check_translation, positive_int
+from dlguard._validation import check_translation, optional_positive_int, positive_int
 from dlguard.augment.score_guided_padding import ScoreGuidedPadding
 from dlguard.callbacks.base import ProbeCallback, ProbeOptions
 from dlguard.data.probe_set import ProbeSet, ProbeSetPolicy
@@ -83,10 +83,8 @@ class DScoreCallback(ProbeCallback):
     ) -> None:
         check_translation(n, t)  # before any work
         positive_int("probe_size", probe_size)
-        if max_batch is not None:
-            positive_int("max_batch", max_batch)
-        if num_classes is not None:
-            positive_int("num_classes", num_classes, minimum=2)
+        optional_positive_int("max_batch", max_batch)
+        optional_positive_int("num_classes", num_classes, minimum=2)
         if guide is not None and not isinstance(guide, ScoreGuidedPadding):
             raise ValueError(f"guide: expected a ScoreGuidedPadding or None, got {type(guide).__name__}")
         super().__init__(**options)

@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from dlguard import _distributed
-from dlguard._validation import positive_int, probability
+from dlguard._validation import optional_positive_int, positive_int, probability
 from dlguard.callbacks.base import ProbeCallback, ProbeOptions
 from dlguard.data.failure_bank import FailureBank
 from dlguard.data.probe_set import ProbeSet, ProbeSetPolicy
@@ -120,8 +120,7 @@ class HDACallback(ProbeCallback):
         positive_int("k", k)
         positive_int("probe_size", probe_size)
         positive_int("gallery", gallery, minimum=0)
-        if max_batch is not None:
-            positive_int("max_batch", max_batch)
+        optional_positive_int("max_batch", max_batch)
         check_indicator(indicator)
         ga = {"population": population, "iterations": iterations, "num_best": num_best, "perceptual": perceptual,
               "alpha": alpha, "mutation_std": mutation_std, "init_std": init_std}  # fmt: skip

@@ -10,14 +10,13 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from dlguard._validation import check_labels, finite_float, positive_int
+from dlguard._validation import optional_positive_int, positive_int
 from dlguard.augment.properties import Property, check_properties, check_property_inputs, deeptest_properties
 from dlguard.callbacks.base import ProbeCallback, ProbeOptions
 from dlguard.data.failure_bank import FailureBank
 from dlguard.data.probe_set import ProbeSet, ProbeSetPolicy
-from dlguard.generate.metamorphic import MetamorphicRun, metamorphic_test
+from dlguard.generate.metamorphic import MetamorphicRun, check_relation, check_task_target, metamorphic_test
 from dlguard.generate.outputs import Task
-from dlguard.metrics.functional.metamorphic import TASKS
 from dlguard.metrics.metamorphic import MetamorphicViolations
 from dlguard.utilities.plot import plot_image_grid
 
@@ -102,16 +101,10 @@ class MetamorphicCallback(ProbeCallback):
         **options: Unpack[ProbeOptions],
     ) -> None:
         self.properties = check_properties(deeptest_properties() if properties is None else properties)
-        if task not in TASKS:
-            raise ValueError(f"task: expected one of {list(TASKS)}, got {task!r}")
-        if finite_float("lam", lam) <= 0:
-            raise ValueError(f"lam: expected λ > 0, got {lam}")
-        if finite_float("epsilon", epsilon) < 0:
-            raise ValueError(f"epsilon: expected ε >= 0, got {epsilon}")
+        check_relation(task, lam, epsilon)
         positive_int("probe_size", probe_size)
         positive_int("gallery", gallery, minimum=0)
-        if max_batch is not None:
-            positive_int("max_batch", max_batch)
+        optional_positive_int("max_batch", max_batch)
         self._check_bank(bank)
         super().__init__(**options)
         self.task: Task = task
@@ -141,18 +134,7 @@ class MetamorphicCallback(ProbeCallback):
 
     def _check_batch(self, inputs: Tensor, target: Tensor) -> None:
         check_property_inputs(self.properties, inputs)
-        if self.task == "classification":
-            if target.is_floating_point():
-                raise ValueError(
-                    "task: 'classification' needs integer class labels, the batch's targets are floats "
-                    f"({target.dtype}, e.g. steering angles); use task='regression'"
-                )
-            check_labels("target", target, batch=len(inputs))
-        elif not target.is_floating_point() or target.reshape(len(target), -1).shape[1] != 1:
-            raise ValueError(
-                "task: 'regression' needs one float target per input (e.g. a steering angle), got "
-                f"{target.dtype} targets of shape {tuple(target.shape)}; class labels need task='classification'"
-            )
+        check_task_target(self.task, target, len(inputs))
 
     # ---- one measurement -----------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from dlguard._random import content_keys
-from dlguard._validation import check_values, positive_int, probability
+from dlguard._validation import check_values, optional_positive_int, positive_int, probability
 from dlguard.augment.follow_up_cache import FollowUpCache
 from dlguard.callbacks.base import ProbeCallback, ProbeOptions
 from dlguard.data.backgrounds import scene_backgrounds
@@ -116,10 +116,8 @@ class ObjectRelevancyCallback(ProbeCallback):
         self.p_high, self.s_low = probability("p_high", p_high), probability("s_low", s_low)
         positive_int("probe_size", probe_size)
         positive_int("gallery", gallery, minimum=0)
-        if max_batch is not None:
-            positive_int("max_batch", max_batch)
-        if workers is not None:
-            positive_int("workers", workers)
+        optional_positive_int("max_batch", max_batch)
+        optional_positive_int("workers", workers)
         self._check_bank(bank)
         super().__init__(**options)
         self.masks, self.backgrounds, self.probe_size = masks, backgrounds, probe_size

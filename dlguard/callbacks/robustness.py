@@ -11,7 +11,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from dlguard._validation import positive_int
+from dlguard._validation import optional_positive_int, positive_int
 from dlguard.augment.error_guided import ErrorGuidedAugmentation
 from dlguard.augment.properties import Property, check_properties, check_property_inputs, default_properties
 from dlguard.callbacks.base import ProbeCallback, ProbeOptions
@@ -117,10 +117,8 @@ class RobustnessCallback(ProbeCallback):
         names = [p.name for p in self.properties]
         positive_int("per_class", per_class)
         positive_int("pairs", pairs)
-        if max_batch is not None:
-            positive_int("max_batch", max_batch)
-        if num_classes is not None:
-            positive_int("num_classes", num_classes, minimum=2)
+        optional_positive_int("max_batch", max_batch)
+        optional_positive_int("num_classes", num_classes, minimum=2)
         if guide is not None and not isinstance(guide, ErrorGuidedAugmentation):
             raise ValueError(f"guide: expected an ErrorGuidedAugmentation or None, got {type(guide).__name__}")
         if guide is not None and [p.name for p in guide.properties] != names:

@@ -19,7 +19,13 @@ from torch import Tensor
 
 from dlguard import _distributed
 from dlguard._random import content_keys
-from dlguard._validation import check_labels, check_tensor, check_values, positive_int, value_range
+from dlguard._validation import (
+    check_labels,
+    check_tensor,
+    check_values,
+    optional_positive_int,
+    value_range,
+)
 
 __all__ = ["ProbeSet", "ProbeSetDraw", "ProbeSetPolicy"]
 
@@ -54,10 +60,8 @@ class ProbeSetPolicy:
             raise ValueError(
                 "labels: a draw over targets that are not class labels needs probe_size=, not per_class or correct_only"
             )
-        if self.probe_size is not None:
-            positive_int("probe_size", self.probe_size)
-        if self.per_class is not None:
-            positive_int("per_class", self.per_class)
+        optional_positive_int("probe_size", self.probe_size)
+        optional_positive_int("per_class", self.per_class)
         value_range("value_range", self.value_range)
 
 

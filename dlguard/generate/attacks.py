@@ -21,7 +21,7 @@ from numbers import Real
 import torch
 from torch import Tensor, nn
 
-from dlguard._validation import check_labels, check_tensor, check_values, positive_int
+from dlguard._validation import check_labels, check_tensor, check_values, optional_positive_int, positive_int
 from dlguard.generate.gradients import input_gradients, loss_gradient
 from dlguard.probes.adapter import ModelAdapter
 
@@ -103,8 +103,7 @@ def fgsm(
         (torch.Size([5, 1, 4, 4]), True)
     """
     eps = _radius("eps", eps)
-    if max_batch is not None:
-        positive_int("max_batch", max_batch)
+    optional_positive_int("max_batch", max_batch)
     _check_inputs(inputs, target)
     return _attack(ModelAdapter.wrap(model), inputs, target, eps, eps, 1, None, max_batch)
 
@@ -156,8 +155,7 @@ def pgd(
     """
     eps, step = _radius("eps", eps), _step(step)
     steps = positive_int("steps", steps)
-    if max_batch is not None:
-        positive_int("max_batch", max_batch)
+    optional_positive_int("max_batch", max_batch)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
     _check_inputs(inputs, target)

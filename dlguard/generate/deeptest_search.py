@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from dlguard._validation import check_images, positive_int, probability
+from dlguard._validation import check_images, optional_positive_int, positive_int, probability
 from dlguard.augment.properties import Property, check_properties
 from dlguard.data.failure_bank import FailureBank
 from dlguard.metrics.functional.coverage import scaled_neuron_values
@@ -250,8 +250,7 @@ def coverage_guided_search(
     props = check_properties(properties)
     probability("threshold", threshold)
     positive_int("max_failed_tries", max_failed_tries)
-    if max_images is not None:
-        positive_int("max_images", max_images)
+    optional_positive_int("max_images", max_images)
     positive_int("lanes", lanes)
     positive_int("seed", seed, minimum=0)
     selected = neuron_layers(adapter.model, layers)

@@ -7,7 +7,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from dlguard._validation import check_images, check_labels, check_tensor, check_translation, positive_int
+from dlguard._validation import (
+    check_images,
+    check_labels,
+    check_translation,
+    optional_positive_int,
+)
 from dlguard.augment.functional.translate import region_translations
 from dlguard.generate.outputs import check_num_classes, logit_width
 from dlguard.probes.adapter import ModelAdapter
@@ -103,15 +108,9 @@ def dscore_test(
         (True, True)
     """
     check_translation(n, t)
-    if max_batch is not None:
-        positive_int("max_batch", max_batch)
+    optional_positive_int("max_batch", max_batch)
     adapter = ModelAdapter.wrap(model)
-    if validate_args:
-        check_images(images)
-    else:
-        check_tensor("images", images, floating=True)
-        if images.ndim != 4:
-            raise ValueError(f"images: expected images (B, C, H, W), got shape {tuple(images.shape)}")
+    check_images(images, values=validate_args)
     check_labels("target", target, batch=len(images))
     selected = dscore_layers(adapter.model, layers)
     images, target = images.to(adapter.device), target.to(adapter.device)

@@ -18,7 +18,15 @@ import torch
 from torch import Tensor, nn
 
 from dlguard._random import content_keys
-from dlguard._validation import check_labels, check_tensor, check_values, finite_float, positive_int, probability
+from dlguard._validation import (
+    check_labels,
+    check_tensor,
+    check_values,
+    finite_float,
+    optional_positive_int,
+    positive_int,
+    probability,
+)
 from dlguard.metrics.functional.hda import prediction_loss
 from dlguard.metrics.functional.perceptual import check_measure, perceptual_quality
 from dlguard.probes.adapter import ModelAdapter
@@ -282,8 +290,7 @@ def _check_settings(options: dict) -> None:
         if finite_float(name, options[name]) < 0:
             raise ValueError(f"{name}: expected a value of 0 or more, got {options[name]!r}")
     for name in ("max_elements", "max_batch"):
-        if options[name] is not None:
-            positive_int(name, options[name])
+        optional_positive_int(name, options[name])
     if isinstance(options["seed"], bool) or not isinstance(options["seed"], int):
         raise ValueError(f"seed: expected an integer, got {options['seed']!r}")
     check_measure(options["perceptual"])

@@ -22,7 +22,14 @@ from torch import Tensor, nn
 
 from dlguard import _distributed
 from dlguard._random import content_keys, keyed_uniform
-from dlguard._validation import check_labels, check_tensor, check_values, positive_int, probability
+from dlguard._validation import (
+    check_labels,
+    check_tensor,
+    check_values,
+    optional_positive_int,
+    positive_int,
+    probability,
+)
 from dlguard.generate.distribution import GlobalDistribution
 from dlguard.generate.failures import Failures
 from dlguard.generate.genetic import GAResult, check_ga_options, two_step_ga
@@ -278,8 +285,7 @@ def hda_test(
         check_values("inputs", inputs, (0.0, 1.0))
     check_labels("target", target, batch=len(inputs))
     positive_int("k", k)
-    if max_batch is not None:
-        positive_int("max_batch", max_batch)
+    optional_positive_int("max_batch", max_batch)
     probability("holdout", holdout)
     check_indicator(indicator)
     check_distribution(distribution)

@@ -17,7 +17,13 @@ from torch import Tensor, nn
 
 from dlguard import _distributed
 from dlguard._random import content_keys
-from dlguard._validation import check_labels, check_tensor, check_values, finite_float, positive_int
+from dlguard._validation import (
+    check_labels,
+    check_tensor,
+    check_values,
+    finite_float,
+    optional_positive_int,
+)
 from dlguard.augment.properties import Property, check_properties, check_property_inputs
 from dlguard.generate.failures import Failures
 from dlguard.generate.outputs import Task, model_outputs
@@ -31,7 +37,7 @@ from dlguard.metrics.functional.metamorphic import (
 from dlguard.probes.adapter import ModelAdapter
 from dlguard.probes.evaluation import evaluation
 
-__all__ = ["MetamorphicFailures", "MetamorphicRun", "metamorphic_test"]
+__all__ = ["MetamorphicFailures", "MetamorphicRun", "check_relation", "check_task_target", "metamorphic_test"]
 
 
 @dataclass
@@ -82,7 +88,18 @@ class MetamorphicRun:
     task: Task
 
 
-def _check_target(task: str, target: Tensor, batch: int) -> Tensor:
+def check_relation(task: object, lam: object, epsilon: object) -> None:
+    """The relation's settings: ``task`` one of ``TASKS``, eq. 2's ``λ > 0``, eq. 3's ``ε ≥ 0``."""
+    if task not in TASKS:
+        raise ValueError(f"task: expected one of {list(TASKS)}, got {task!r}")
+    if finite_float("lam", lam) <= 0:
+        raise ValueError(f"lam: expected λ > 0, got {lam}")
+    if finite_float("epsilon", epsilon) < 0:
+        raise ValueError(f"epsilon: expected ε >= 0, got {epsilon}")
+
+
+def check_task_target(task: str, target: Tensor, batch: int) -> Tensor:
+    """Targets the task reads: class labels ``(B,)``, or one float per input for regression (returned ``(B,)``)."""
     if task == "classification":
         if target.is_floating_point():
             raise ValueError(
@@ -160,19 +177,13 @@ def metamorphic_test(
         >>> int(metric.compute()["total"]["violations"]) == len(run.failures)
         True
     """
-    if task not in TASKS:
-        raise ValueError(f"task: expected one of {list(TASKS)}, got {task!r}")
-    if finite_float("lam", lam) <= 0:
-        raise ValueError(f"lam: expected λ > 0, got {lam}")
-    if finite_float("epsilon", epsilon) < 0:
-        raise ValueError(f"epsilon: expected ε >= 0, got {epsilon}")
-    if max_batch is not None:
-        positive_int("max_batch", max_batch)
+    check_relation(task, lam, epsilon)
+    optional_positive_int("max_batch", max_batch)
     properties = check_properties(properties)
     check_tensor("inputs", inputs)
     check_property_inputs(properties, inputs)
     labels = target  # as given: failures are replayed into batches of targets of this shape
-    target = _check_target(task, target, len(inputs))
+    target = check_task_target(task, target, len(inputs))
     if validate_args:
         for bounds in {prop.value_range for prop in properties}:
             check_values("inputs", inputs, bounds)

@@ -8,7 +8,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from dlguard._validation import check_images, check_labels, check_tensor, positive_int, probability
+from dlguard._validation import (
+    check_images,
+    check_labels,
+    optional_positive_int,
+    probability,
+)
 from dlguard.generate.failures import Failures
 from dlguard.metrics.functional.object_relevancy import ObjectRelevancyScores, object_relevancy, unreliable
 from dlguard.probes.adapter import ModelAdapter
@@ -104,16 +109,10 @@ def object_relevancy_test(
         [1.0, 0.0, 1.0, 0.72, 1.0]
     """
     adapter = ModelAdapter.wrap(model)
-    if validate_args:
-        check_images(images)
-    else:
-        check_tensor("images", images, floating=True)
-        if images.ndim != 4:
-            raise ValueError(f"images: expected images (B, C, H, W), got shape {tuple(images.shape)}")
+    check_images(images, values=validate_args)
     batch = images.shape[0]
     check_labels("target", target, batch)
-    if max_batch is not None:
-        positive_int("max_batch", max_batch)
+    optional_positive_int("max_batch", max_batch)
     p_high, s_low = probability("p_high", p_high), probability("s_low", s_low)
     if len(follow_ups) != batch or follow_ups.inputs.shape[2:] != images.shape[1:]:
         raise ValueError(

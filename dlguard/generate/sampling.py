@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from dlguard._validation import check_labels, positive_int
+from dlguard._validation import check_labels, optional_positive_int, positive_int
 from dlguard.generate.outputs import correct_predictions
 from dlguard.probes.adapter import ModelAdapter
 from dlguard.probes.evaluation import evaluation
@@ -107,8 +107,7 @@ def balanced_correct_subset(
         ({0: 2, 1: 2}, [0, 0, 1, 1])
     """
     positive_int("per_class", per_class)
-    if max_batch is not None:
-        positive_int("max_batch", max_batch)
+    optional_positive_int("max_batch", max_batch)
     _check_labelled(dataset)
     adapter = model if isinstance(model, ModelAdapter) else ModelAdapter(model, preprocess, output_transform)
     device = adapter.device

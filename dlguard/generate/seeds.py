@@ -17,7 +17,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from dlguard._validation import check_labels, check_tensor, check_values, positive_int
+from dlguard._validation import check_labels, check_tensor, check_values, optional_positive_int, positive_int
 from dlguard.generate.gradients import input_gradients, loss_gradient
 from dlguard.probes.adapter import ModelAdapter
 from dlguard.probes.evaluation import evaluation
@@ -67,8 +67,7 @@ def gradient_indicator(
         >>> gradient_indicator(net, x, y)
         tensor([3.])
     """
-    if max_batch is not None:
-        positive_int("max_batch", max_batch)
+    optional_positive_int("max_batch", max_batch)
     _check_inputs(inputs, target, validate_args)
     adapter = ModelAdapter.wrap(model)
     device = adapter.device
@@ -112,8 +111,7 @@ def separation_indicator(
         >>> separation_indicator(net, x, y)
         tensor([0.3000, 0.3000, 1.0000])
     """
-    if max_batch is not None:
-        positive_int("max_batch", max_batch)
+    optional_positive_int("max_batch", max_batch)
     _check_inputs(inputs, target, validate_args)
     if (reference is None) != (reference_target is None):
         raise ValueError("reference_target: expected reference and reference_target both given or both None")

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from dlguard import _distributed
 from dlguard._random import content_keys
-from dlguard._validation import check_labels, check_tensor, check_values, positive_int
+from dlguard._validation import check_labels, check_tensor, check_values, optional_positive_int, positive_int
 from dlguard.augment.properties import Property, check_properties, check_property_inputs
 from dlguard.generate.outputs import check_num_classes, logit_width
 from dlguard.probes.adapter import ModelAdapter
@@ -126,8 +126,7 @@ def robustness_sweep(
         ([1.0, 0.0], torch.Size([10, 2]))
     """
     positive_int("pairs", pairs)
-    if max_batch is not None:
-        positive_int("max_batch", max_batch)
+    optional_positive_int("max_batch", max_batch)
     positive_int("max_failures", max_failures, minimum=0)
     check_tensor("inputs", inputs)
     check_labels("target", target, batch=len(inputs))

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from dlguard._validation import check_logits, positive_int
+from dlguard._validation import check_logits, optional_positive_int, positive_int
 from dlguard.probes.budget import default_max_batch
 from dlguard.probes.evaluation import model_device
 
@@ -122,8 +122,7 @@ class ModelAdapter:
             ValueError: naming ``output_transform`` when the model's output is not ``(B, K)``, or
                 ``num_classes`` when ``K`` differs from it.
         """
-        if max_batch is not None:
-            positive_int("max_batch", max_batch)
+        optional_positive_int("max_batch", max_batch)
         parts = [inputs] if max_batch is None or len(inputs) <= max_batch else list(inputs.split(max_batch))
         outputs = []
         for part in parts:
