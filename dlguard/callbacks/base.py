@@ -309,9 +309,9 @@ class ProbeCallback(Callback, ABC):
         if self.task is not None and len(inputs):
             outputs = model_outputs(self.adapter, inputs[:2], self.task)
             if self.task == "classification":
-                self._check_logits(outputs, target[:2])
+                self._check_logits(outputs)
 
-    def _check_logits(self, logits: Tensor, target: Tensor) -> None:
+    def _check_logits(self, logits: Tensor) -> None:
         """The first batch's logits have ``num_classes`` columns, when the callback was given ``num_classes``."""
         if self.num_classes is not None and logits.shape[1] != self.num_classes:
             raise ValueError(

@@ -123,7 +123,6 @@ class DScoreCallback(ProbeCallback):
         metric = DScore(self.n, run.num_classes).to(run.logits.device)
         metric.update(run.logits, run.mutant_logits, run.translated_logits, run.target)
         result = metric.compute()  # counts summed over every process
-        classes = run.num_classes
         record = {
             **{key: float(getattr(result, key)) for key in ("d_score", "v_robust", "v_fitness")},
             "baseline_acc": float(result.baseline_accuracy),
@@ -134,7 +133,7 @@ class DScoreCallback(ProbeCallback):
             "augment_probability": float(result.augment_probability),
             "probe_size": probe.size,
             "class_counts": probe.class_counts,
-            "num_classes": classes,
+            "num_classes": run.num_classes,
         }
         logged = {f"dscore/{key}": record[key] for key in _LOGGED}
         if self.guide is not None and stage == "validation" and trainer.state.fn == "fit":

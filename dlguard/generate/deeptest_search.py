@@ -241,9 +241,7 @@ def coverage_guided_search(
         >>> result.transformations[:3], result.source.tolist()
         (['brightness+shear', 'shear+shear', 'contrast+contrast'], [0, 3, 1, 2, 3, 0, 3, 3])
     """
-    adapter = model if isinstance(model, ModelAdapter) else ModelAdapter(model, preprocess, output_transform)
-    if isinstance(model, ModelAdapter) and (preprocess is not None or output_transform is not None):
-        raise ValueError("preprocess, output_transform: give them to the ModelAdapter, not beside it")
+    adapter = ModelAdapter.wrap(model, preprocess, output_transform)
     check_images(seeds, "seeds")
     if len(seeds) == 0:
         raise ValueError("seeds: expected at least one seed image, got none")

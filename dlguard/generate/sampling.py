@@ -109,7 +109,7 @@ def balanced_correct_subset(
     positive_int("per_class", per_class)
     optional_positive_int("max_batch", max_batch)
     _check_labelled(dataset)
-    adapter = model if isinstance(model, ModelAdapter) else ModelAdapter(model, preprocess, output_transform)
+    adapter = ModelAdapter.wrap(model, preprocess, output_transform)
     device = adapter.device
     correct_parts, label_parts = [], []
     with evaluation(adapter.model):

@@ -309,7 +309,7 @@ def transplant_attack(
         >>> result.pairs.tolist(), result.successes.tolist(), result.attempts.tolist(), result.total
         ([[0, 1], [1, 0]], [3, 3], [3, 3], 6)
     """
-    adapter = model if isinstance(model, ModelAdapter) else ModelAdapter(model)
+    adapter = ModelAdapter.wrap(model)
     _check_option("scenario", scenario, (1, 2))
     _check_option("strategy", strategy, TRANSPLANT_STRATEGIES)
     budget = positive_int("budget", budget)

@@ -63,9 +63,24 @@ class ModelAdapter:
         self.model, self.preprocess, self.output_transform = model, preprocess, output_transform
 
     @classmethod
-    def wrap(cls, model: nn.Module | ModelAdapter) -> ModelAdapter:
-        """``model`` itself when it is an adapter, else a plain adapter around it (no preprocess or transform)."""
-        return model if isinstance(model, ModelAdapter) else cls(model)
+    def wrap(
+        cls,
+        model: nn.Module | ModelAdapter,
+        preprocess: Callable[[Tensor], Tensor] | None = None,
+        output_transform: Callable[[Any], Tensor] | None = None,
+    ) -> ModelAdapter:
+        """``model`` itself when it is an adapter, else an adapter around it with ``preprocess``/``output_transform``.
+
+        Every generator and probe takes ``model: nn.Module | ModelAdapter`` through this one door.
+
+        Raises:
+            ValueError: for ``preprocess`` or ``output_transform`` given beside an adapter (they belong in it).
+        """
+        if not isinstance(model, ModelAdapter):
+            return cls(model, preprocess, output_transform)
+        if preprocess is not None or output_transform is not None:
+            raise ValueError("preprocess, output_transform: give them to the ModelAdapter, not beside it")
+        return model
 
     @property
     def device(self) -> torch.device:

@@ -89,7 +89,7 @@ def profile_neuron_ranges(
         >>> list(ranges), ranges["0"].low.shape, bool((ranges["0"].low <= ranges["0"].high).all())
         (['0', '2'], torch.Size([3]), True)
     """
-    adapter = model if isinstance(model, ModelAdapter) else ModelAdapter(model)
+    adapter = ModelAdapter.wrap(model)
     model = adapter.model
     read = batch_inputs or _inputs
     selected = neuron_layers(model, layers)
