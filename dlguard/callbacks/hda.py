@@ -178,7 +178,7 @@ class HDACallback(ProbeCallback):
         if self.heldout is None and stage == "validation":
             self.heldout = run.heldout
         device = run.ga.logits.device
-        quality = AEQuality(perceptual=("ssim",)).to(device)
+        quality = AEQuality(perceptual=("ssim",), validate_args=False).to(device)  # the GA's own outputs
         if len(run.seeds):
             quality.update(*run.test_cases)
         result = quality.compute()  # sums over every process
@@ -191,7 +191,7 @@ class HDACallback(ProbeCallback):
         if run.seeds.ndim == 4:
             logged["hda/ssim"] = float(result.ssim)
         if self.heldout is not None and len(self.heldout["labels"]):
-            robustness = EmpiricalGlobalRobustness().to(device)
+            robustness = EmpiricalGlobalRobustness(validate_args=False).to(device)
             logits, labels, log_density = run.heldout_share
             if len(labels):
                 robustness.update(logits, labels, log_density)

@@ -149,7 +149,9 @@ class GlobalDistribution(ABC):
         if self._mu.shape[0] == 1 and bool((exclude >= 0).any()):
             raise ValueError("inputs: a query is the only fitted point; fit at least 2 inputs to score fitted points")
         z, _ = self._embed_checked(inputs, self.max_batch)
-        return kde_log_density(z, self._mu, self._sigma, max_elements=max_elements, exclude=exclude)
+        return kde_log_density(
+            z, self._mu, self._sigma, max_elements=max_elements, exclude=exclude, validate_args=validate_args
+        )
 
     def sample(self, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
         """``(num_samples, D)`` latent points drawn from the KDE (``generator`` on the points' device)."""

@@ -37,6 +37,8 @@ class AEQuality(Metric):
     Args:
         perceptual: measures to compute, a subset of ``("ssim", "psnr")``; the others are NaN. SSIM
             scores images ``(N, C, H, W)`` of at least 11x11 only and is NaN for other inputs.
+        validate_args: check the values of every update (NaN, label range: a host sync each); a caller
+            feeding its own checked outputs (the HDA callback, from the GA's run) passes ``False``.
 
     Example:
         >>> import torch
@@ -64,9 +66,12 @@ class AEQuality(Metric):
     ssim_sum: Tensor
     psnr_sum: Tensor
 
-    def __init__(self, perceptual: Sequence[str] = AE_QUALITY_MEASURES, **kwargs: Any) -> None:
+    def __init__(
+        self, perceptual: Sequence[str] = AE_QUALITY_MEASURES, validate_args: bool = True, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.perceptual = check_perceptual(perceptual)
+        self.validate_args = validate_args
         for name in ("count", "ae_count"):
             self.add_state(name, torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
         for name in ("loss_sum", "epsilon_sum", "ssim_sum", "psnr_sum"):
@@ -74,7 +79,7 @@ class AEQuality(Metric):
 
     def update(self, logits: Tensor, target: Tensor, tests: Tensor, seeds: Tensor) -> None:
         """Add ``N`` test cases: logits ``(N, K)``, seed labels ``(N,)``, test cases and seeds ``(N, ...)``."""
-        sums = _ae_quality_update(logits, target, tests, seeds, self.perceptual)
+        sums = _ae_quality_update(logits, target, tests, seeds, self.perceptual, self.validate_args)
         device = self.count.device
         self.count += sums[0].to(device)
         self.ae_count += sums[1].to(device)

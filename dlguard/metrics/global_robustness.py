@@ -47,6 +47,10 @@ class EmpiricalGlobalRobustness(Metric):
     ``log_total`` (float64 log-sums, reduced by log-sum-exp) and ``count`` (seeds, reduced by sum),
     so N processes report what one process reports for the same seeds (up to float64 rounding).
 
+    Args:
+        validate_args: check the values of every update (label range, NaN densities: a host sync each);
+            a caller feeding its own checked outputs (the HDA callback) passes ``False``.
+
     Example:
         >>> import torch
         >>> metric = EmpiricalGlobalRobustness()
@@ -67,8 +71,9 @@ class EmpiricalGlobalRobustness(Metric):
     log_total: Tensor
     count: Tensor
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, validate_args: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.validate_args = validate_args
         empty = torch.tensor(float("-inf"), dtype=torch.float64)
         self.add_state("log_correct", empty.clone(), dist_reduce_fx=_log_sum_exp)
         self.add_state("log_total", empty.clone(), dist_reduce_fx=_log_sum_exp)
@@ -76,7 +81,9 @@ class EmpiricalGlobalRobustness(Metric):
 
     def update(self, preds: Tensor, target: Tensor, log_density: Tensor) -> None:
         """Add the test cases of ``B`` seeds: predictions ``(B,)``/``(B, K)``, labels ``(B,)``, ``log p_g`` ``(B,)``."""
-        log_correct, log_total, count = _empirical_global_robustness_update(preds, target, log_density)
+        log_correct, log_total, count = _empirical_global_robustness_update(
+            preds, target, log_density, self.validate_args
+        )
         device = self.log_total.device
         self.log_correct = torch.logaddexp(self.log_correct, log_correct.to(device, self.log_correct.dtype))
         self.log_total = torch.logaddexp(self.log_total, log_total.to(device, self.log_total.dtype))

@@ -283,3 +283,39 @@ def test_no_held_out_seeds_logs_no_global_robustness(tmp_path: Path, distributio
                               verbose=False)[0]  # fmt: skip
     assert "hda/ae_proportion" in logged and "hda/global_robustness" not in logged
     assert len(callback.heldout["labels"]) == 0
+
+
+def test_a_measurement_reads_no_value_twice(tmp_path: Path, distribution, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe draw checked the candidates and made their keys: the measurement checks and hashes nothing again."""
+    import sys
+
+    import dlguard._random
+    import dlguard._validation
+
+    calls: list[str] = []
+    measuring = HDACallback._measure
+
+    def counted(name, original):
+        def call(*args, **kwargs):
+            calls.append(name)
+            return original(*args, **kwargs)
+
+        return call
+
+    def measure(self, *args, **kwargs):
+        with pytest.MonkeyPatch.context() as patch:  # every dlguard module's reference, during the measurement only
+            for name, module in (("check_values", dlguard._validation), ("content_keys", dlguard._random)):
+                original = getattr(module, name)
+                for loaded in list(sys.modules.values()):
+                    if (
+                        getattr(loaded, "__name__", "").startswith("dlguard")
+                        and getattr(loaded, name, None) is original
+                    ):
+                        patch.setattr(loaded, name, counted(name, original))
+            return measuring(self, *args, **kwargs)
+
+    monkeypatch.setattr(HDACallback, "_measure", measure)
+    callback = HDACallback(distribution=distribution, **SMALL)
+    trainer = quick_trainer(tmp_path, [callback], val_batches=2)
+    trainer.validate(ClassifierModule(pretrained("mnist_a")), datamodule=MNISTDataModule(batch_size=50), verbose=False)
+    assert len(callback.history) == 1 and calls == []

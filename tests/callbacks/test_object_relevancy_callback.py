@@ -19,8 +19,8 @@ from dlguard.generate import object_relevancy_test
 from dlguard.metrics.functional import unreliable
 from dlguard.zoo import ClassifierModule, mnist_a, pretrained
 from tests.callbacks.projects import DigitDicts, NormalizedDigits, normalize
-from tests.callbacks.test_projects import SignalClassifier, Signals
 from tests.callbacks.recompute import relevancy_logged
+from tests.callbacks.test_projects import SignalClassifier, Signals
 from tests.probes.fingerprint import assert_unchanged, fingerprint
 from tests.quick import quick_trainer
 
@@ -127,8 +127,9 @@ def test_outputs_that_are_not_logits_are_refused_naming_output_transform(tmp_pat
 
 
 def test_normalised_model_dict_batches_dict_outputs_equal_the_pixel_model(tmp_path: Path) -> None:
-    callback = ObjectRelevancyCallback(masks=digit_masks, probe_size=30, preprocess=normalize, output_transform=logits_of,
-                                       batch_keys=KEYS)  # fmt: skip
+    callback = ObjectRelevancyCallback(
+        masks=digit_masks, probe_size=30, preprocess=normalize, output_transform=logits_of, batch_keys=KEYS
+    )
     trainer = quick_trainer(tmp_path, [callback], train_batches=1, val_batches=2)
     module = NormalizedDigits(output_dict=True, lr=0.0)
     trainer.fit(module, datamodule=DigitDicts())
@@ -201,7 +202,9 @@ def _rows(path: Path) -> dict[int, dict[str, float]]:
 def _resumable(tmp_path: Path) -> list[L.Callback]:
     replay = FailureReplay(fraction=0.25, batch_keys=KEYS)
     return [
-        ObjectRelevancyCallback(masks=digit_masks, probe_size=30, bank=replay.bank, preprocess=normalize, batch_keys=KEYS),
+        ObjectRelevancyCallback(
+            masks=digit_masks, probe_size=30, bank=replay.bank, preprocess=normalize, batch_keys=KEYS
+        ),
         replay,
         ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_top_k=-1, every_n_epochs=1),
     ]

@@ -64,7 +64,9 @@ POLICIES = [
 ]
 
 
-@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: f"size{p.probe_size}-pc{p.per_class}-c{p.correct_only}-s{p.seed}")
+@pytest.mark.parametrize(
+    "policy", POLICIES, ids=lambda p: f"size{p.probe_size}-pc{p.per_class}-c{p.correct_only}-s{p.seed}"
+)
 @pytest.mark.parametrize("split_seed", [0, 1, 2])
 def test_streaming_draw_equals_brute_force(policy: ProbeSetPolicy, split_seed: int) -> None:
     x, y, correct = dataset()

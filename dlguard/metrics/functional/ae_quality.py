@@ -66,11 +66,17 @@ def _ssim_applies(tests: Tensor) -> bool:
 
 
 def _ae_quality_update(
-    logits: Tensor, target: Tensor, tests: Tensor, seeds: Tensor, perceptual: Sequence[str] = AE_QUALITY_MEASURES
+    logits: Tensor,
+    target: Tensor,
+    tests: Tensor,
+    seeds: Tensor,
+    perceptual: Sequence[str] = AE_QUALITY_MEASURES,
+    validate_args: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Sums over a batch: test cases, AEs, and over the AEs ``Σ J``, ``Σ ε``, ``Σ SSIM``, ``Σ PSNR`` (float64).
 
     A measure not asked for (or SSIM of non-images) sums NaN per AE, so its mean is NaN.
+    ``validate_args=False`` skips the checks that read values (NaN, label range).
     """
     perceptual = check_perceptual(perceptual)
     check_tensor("tests", tests, min_ndim=2, floating=True)
@@ -80,9 +86,12 @@ def _ae_quality_update(
     batch = len(tests)
     check_tensor("logits", logits, floating=True)
     check_logits("logits", logits, batch, hint=" (one row per test case)")
-    check_labels("target", target, batch)
-    for name, value in (("logits", logits), ("tests", tests), ("seeds", seeds)):
-        check_values(name, value, None)
+    if validate_args:
+        check_labels("target", target, batch)
+        for name, value in (("logits", logits), ("tests", tests), ("seeds", seeds)):
+            check_values(name, value, None)
+    elif tuple(target.shape) != (batch,):
+        raise ValueError(f"target: expected labels of shape ({batch},), got {tuple(target.shape)}")
 
     loss = prediction_loss(logits, target.to(logits.device))
     adversarial = loss >= 0

@@ -23,17 +23,18 @@ __all__ = ["kde_log_density", "kde_sample"]
 _LOG_2PI = math.log(2 * math.pi)
 
 
-def _check_mixture(mu: Tensor, sigma: Tensor) -> None:
+def _check_mixture(mu: Tensor, sigma: Tensor, values: bool = True) -> None:
     check_tensor("mu", mu, floating=True)
     check_tensor("sigma", sigma, floating=True)
     if mu.ndim != 2 or mu.shape[0] == 0:
         raise ValueError(f"mu: expected shape (n, D) with n >= 1, got {tuple(mu.shape)}")
     if sigma.shape != mu.shape:
         raise ValueError(f"sigma: expected the shape of mu {tuple(mu.shape)}, got {tuple(sigma.shape)}")
-    check_values("mu", mu, None)
-    check_values("sigma", sigma, None)
-    if bool((sigma <= 0).any()):
-        raise ValueError("sigma: expected every bandwidth > 0")
+    if values:
+        check_values("mu", mu, None)
+        check_values("sigma", sigma, None)
+        if bool((sigma <= 0).any()):
+            raise ValueError("sigma: expected every bandwidth > 0")
 
 
 def kde_log_density(
@@ -43,6 +44,7 @@ def kde_log_density(
     leave_one_out: bool = False,
     max_elements: int = 2**24,
     exclude: Tensor | None = None,
+    validate_args: bool = True,
 ) -> Tensor:
     """``log p_g(query_j)`` under the mixture of ``N(μ_i, diag σ_i²)`` (SPEC §4), ``(Q,)``.
 
@@ -58,6 +60,8 @@ def kde_log_density(
             query *is* that point), ``-1`` to keep every point; the mixture left is normalised by
             its own size ``n − 1``. Generalises ``leave_one_out`` (``exclude = arange(n)``) to
             queries of which only some are fitted points; not combined with it.
+        validate_args: check the values (NaN, ``σ > 0``); a caller whose mixture and queries are its own
+            (a fitted :class:`~dlguard.generate.GlobalDistribution`) passes ``False``.
 
     Returns:
         ``(Q,)`` log densities, in the dtype of ``mu`` and on its device.
@@ -72,11 +76,12 @@ def kde_log_density(
         >>> kde_log_density(mu, mu, sigma, exclude=torch.tensor([-1, 0])).exp().round(decimals=4)  # second alone
         tensor([0.2265, 0.3989])
     """
-    _check_mixture(mu, sigma)
+    _check_mixture(mu, sigma, values=validate_args)
     check_tensor("query", query, floating=True)
     if query.ndim != 2 or query.shape[1] != mu.shape[1]:
         raise ValueError(f"query: expected shape (Q, {mu.shape[1]}), got {tuple(query.shape)}")
-    check_values("query", query, None)
+    if validate_args:
+        check_values("query", query, None)
     positive_int("max_elements", max_elements)
     n, dims = mu.shape
     if leave_one_out and (query.shape[0] != n or n < 2):

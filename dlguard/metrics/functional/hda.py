@@ -41,18 +41,22 @@ def prediction_loss(logits: Tensor, target: Tensor) -> Tensor:
     return (others.amax(dim=-1, keepdim=True) - true).squeeze(-1)
 
 
-def _check_seed_scores(preds: Tensor, target: Tensor, log_density: Tensor) -> Tensor:
-    """Predicted labels ``(B,)`` from labels or logits, with ``target`` and ``log_density`` checked."""
+def _check_seed_scores(preds: Tensor, target: Tensor, log_density: Tensor, values: bool = True) -> Tensor:
+    """Predicted labels ``(B,)`` from labels or logits, with ``target`` and ``log_density`` checked (values too)."""
     check_tensor("preds", preds)
     if preds.ndim == 2:
         preds = check_logits("preds", preds, len(preds)).argmax(dim=1)
     elif preds.ndim != 1 or preds.is_floating_point():
         raise ValueError(f"preds: expected labels (B,) or logits (B, K), got {preds.dtype} {tuple(preds.shape)}")
-    check_labels("target", target, len(preds))
+    if values:
+        check_labels("target", target, len(preds))
+    elif tuple(target.shape) != (len(preds),):
+        raise ValueError(f"target: expected labels of shape ({len(preds)},), got {tuple(target.shape)}")
     check_tensor("log_density", log_density, floating=True)
     if tuple(log_density.shape) != (len(preds),):
         raise ValueError(f"log_density: expected shape ({len(preds)},), got {tuple(log_density.shape)}")
-    check_values("log_density", log_density.clamp_min(-torch.finfo(log_density.dtype).max), None)
+    if values:
+        check_values("log_density", log_density.clamp_min(-torch.finfo(log_density.dtype).max), None)
     return preds
 
 
@@ -78,14 +82,14 @@ def empirical_global_robustness(preds: Tensor, target: Tensor, log_density: Tens
 
 
 def _empirical_global_robustness_update(
-    preds: Tensor, target: Tensor, log_density: Tensor
+    preds: Tensor, target: Tensor, log_density: Tensor, validate_args: bool = True
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``log Σ_{correct} p_i``, ``log Σ p_i`` (float64 scalars, ``-inf`` for an empty sum) and the number of seeds.
 
     Log-sum-exp sums reduce across batches and processes by log-sum-exp again, so the states never
     leave log space (densities of 32-d latent points can under- or overflow ``exp``, even in float64).
     """
-    preds = _check_seed_scores(preds, target, log_density)
+    preds = _check_seed_scores(preds, target, log_density, validate_args)
     correct = preds.to(target.device) == target
     weights = log_density.to(device=target.device, dtype=torch.float64)
     count = torch.tensor(len(weights), dtype=torch.long, device=target.device)
