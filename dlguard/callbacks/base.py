@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from math import ceil
 from pathlib import Path
-from typing import Any, ClassVar, TypedDict
+from typing import Any, ClassVar, Literal, TypedDict
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
 from matplotlib.figure import Figure
 from torch import Tensor, nn
+from torch.utils.data import DataLoader, Subset
 
-from dlguard._validation import check_values, positive_int
+from dlguard._validation import check_values, optional_positive_int, positive_int, probability
 from dlguard.augment.guide import Guide
 from dlguard.augment.properties import Property
 from dlguard.data.batch import BatchAccessor, BatchKeys
@@ -41,6 +45,9 @@ class ProbeOptions(TypedDict, total=False):
     batch_keys: BatchKeys
     dataloader_idx: int
     seed: int
+    start_epoch: int
+    min_accuracy: float | Literal["auto"] | None
+    redraw_every_n_epochs: int | None
 
 
 _STAGES = {"validation", "test"}
@@ -64,10 +71,22 @@ class ProbeCallback(Callback, ABC):
       through a callable (:class:`~dlguard.data.BatchAccessor`); guides write back in place.
     - **Probe set** (callbacks that need a fixed one). Drawn from the batches the evaluation loop
       already loads -- after the module's batch transfer hooks, so ``limit_val_batches``, custom
-      datasets and transforms just work -- from loader ``dataloader_idx``, at the first scheduled
-      epoch, with a content-keyed draw (:class:`~dlguard.data.ProbeSetDraw`): N processes draw the
-      set one process draws, each keeping its own shard. The set's keys go into the checkpoint, so
-      a resumed run measures the same inputs.
+      datasets and transforms just work -- from loader ``dataloader_idx``, with a content-keyed draw
+      (:class:`~dlguard.data.ProbeSetDraw`): N processes draw the set one process draws, each keeping
+      its own shard. The set's keys go into the checkpoint, so a resumed run measures the same inputs.
+    - **When the model can be measured.** A probe set is kept only from a validation where the model
+      can be measured: a training epoch of at least ``start_epoch``, a validation accuracy (over every
+      distinct input of the loader) of at least ``min_accuracy`` (classification), and, for a balanced
+      draw, every class of the loader holding at least half the inputs it could give (``per_class``,
+      or the class's own count when smaller) among those the model gets right. Until then nothing is
+      logged -- no number measured on a collapsed model or a one-class probe set -- and a warning
+      says what was missing, with the counts (:attr:`skipped` keeps them); the next scheduled
+      validation draws again. ``min_accuracy="auto"`` (default) is a third of the way from chance
+      ``1/K`` to 1 (0.40 for 10 classes, 0.47 for 5): a from-scratch network that has collapsed onto
+      one class waits until it has learnt something, and a trained one is measured at once. With
+      ``redraw_every_n_epochs`` the set is drawn again (seed ``seed + epoch``) once it is that many
+      epochs old, so it follows the inputs the model gets right as it trains; a redraw that cannot be
+      measured keeps the set in use.
     - **History and checkpoint.** One record per measurement in ``history``; ``state_dict`` keeps
       the history and the probe set's keys.
     - **Figures.** With a ``WandbLogger`` every measurement's figures go to W&B; without, the latest
@@ -96,6 +115,11 @@ class ProbeCallback(Callback, ABC):
         batch_keys: ``(inputs key, target key)`` or a callable ``batch -> (inputs, target)``.
         dataloader_idx: the evaluation loader probe sets are drawn from.
         seed: seed of the probe draw (and of any other random choice the callback makes).
+        start_epoch: first training epoch whose validation may measure (``fit`` only).
+        min_accuracy: validation accuracy the model must reach before a probe set is drawn
+            (classification callbacks); ``"auto"``: a third of the way from chance ``1/K`` to 1; ``None``: none.
+        redraw_every_n_epochs: draw the probe set again once it is this many training epochs old
+            (``None``: keep the first set for the whole fit).
     """
 
     prefix: ClassVar[str] = "dlguard"
@@ -116,6 +140,9 @@ class ProbeCallback(Callback, ABC):
         batch_keys: BatchKeys = (0, 1),
         dataloader_idx: int = 0,
         seed: int = 0,
+        start_epoch: int = 0,
+        min_accuracy: float | Literal["auto"] | None = "auto",
+        redraw_every_n_epochs: int | None = None,
         **unexpected: Any,
     ) -> None:
         if unexpected:  # name the callback the user called, not this base
@@ -125,6 +152,11 @@ class ProbeCallback(Callback, ABC):
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed: expected an integer, got {seed!r}")
         self.seed = seed
+        self.start_epoch = positive_int("start_epoch", start_epoch, minimum=0)
+        if min_accuracy is not None and min_accuracy != "auto":
+            probability("min_accuracy", min_accuracy)
+        self.min_accuracy = min_accuracy
+        self.redraw_every_n_epochs = optional_positive_int("redraw_every_n_epochs", redraw_every_n_epochs)
         ModelAdapter(nn.Identity(), preprocess, output_transform)  # validates both, before any work
         self.preprocess, self.output_transform = preprocess, output_transform
         self.batch_keys = batch_keys
@@ -134,7 +166,12 @@ class ProbeCallback(Callback, ABC):
         self._log_dir: Path | None = None
         self._draw: ProbeSetDraw | None = None
         self._probes: dict[str, ProbeSet] = {}
+        self._drawn_epoch: dict[str, int] = {}  # the training epoch each stage's probe set was drawn at
         self._restored_probe: dict[str, Any] | None = None
+        self._logits_width: int | None = None  # K, read at the first evaluation batch
+        self.skipped: list[dict[str, Any]] = []
+        """Scheduled measurements that did not happen because the model could not be measured yet:
+        ``{"epoch", "stage", "reason"}`` each, the reason with its counts (also said in a warning)."""
         self._read_train_batch = False
         self._read_eval_batch = False
         self._measured_in_fit = False
@@ -253,11 +290,12 @@ class ProbeCallback(Callback, ABC):
         check, epochs = trainer.check_val_every_n_epoch, trainer.max_epochs
         if check is None or epochs is None or epochs < 0:
             return
-        if not any((e + 1) % self.every_n_epochs == 0 and (e + 1) % check == 0 for e in range(epochs)):
+        if not any(self._scheduled_epoch(e) and (e + 1) % check == 0 for e in range(epochs)):
             warnings.warn(
-                f"{name}: every_n_epochs={self.every_n_epochs} never meets a validation epoch: validation runs after "
-                f"every {check} training epoch(s) (check_val_every_n_epoch) and training stops after max_epochs="
-                f"{epochs}, so it never measures; choose every_n_epochs that meets a validation epoch",
+                f"{name}: every_n_epochs={self.every_n_epochs} with start_epoch={self.start_epoch} never meets a "
+                f"validation epoch: validation runs after every {check} training epoch(s) (check_val_every_n_epoch) "
+                f"and training stops after max_epochs={epochs}, so it never measures; choose every_n_epochs and "
+                "start_epoch that meet a validation epoch",
                 stacklevel=2,
             )
 
@@ -266,7 +304,48 @@ class ProbeCallback(Callback, ABC):
             return False
         if trainer.state.fn != "fit":
             return True
-        return (trainer.current_epoch + 1) % self.every_n_epochs == 0
+        return self._scheduled_epoch(trainer.current_epoch)
+
+    def _scheduled_epoch(self, epoch: int) -> bool:
+        """Whether training epoch ``epoch``'s validation is one this callback measures at (``fit``)."""
+        return epoch >= self.start_epoch and (epoch + 1) % self.every_n_epochs == 0
+
+    # ---- the training data, read without touching training's own loader ----------------------
+
+    @staticmethod
+    def _has_training_data(trainer: L.Trainer) -> bool:
+        datamodule = trainer.datamodule
+        return (
+            datamodule is not None and type(datamodule).train_dataloader is not L.LightningDataModule.train_dataloader
+        )
+
+    @staticmethod
+    def _training_loader(trainer: L.Trainer, shard: bool, argument: str) -> DataLoader:
+        """The training data in a loader of its own, unshuffled; with ``shard`` each rank its own slice.
+
+        ``argument`` is what the user passes instead when there is no single training loader (named in
+        the error).
+
+        Iterating the trainer's shuffling loader would advance its sampler's generator and change
+        the batches training sees; the loader's own generator keeps its base seed off the global
+        RNG that augmentations and dropout draw from. ``trainer.validate``/``test`` read the
+        datamodule's training loader.
+        """
+        train = trainer.train_dataloader if trainer.state.fn == "fit" else trainer.datamodule.train_dataloader()
+        if not isinstance(train, DataLoader):
+            raise ValueError(
+                f"{argument}: reading the training data needs a single training DataLoader; pass {argument}="
+            )
+        dataset = train.dataset
+        if shard and trainer.world_size > 1:
+            dataset = Subset(dataset, range(trainer.global_rank, len(dataset), trainer.world_size))
+        return DataLoader(
+            dataset,
+            batch_size=train.batch_size or 1,
+            shuffle=False,
+            collate_fn=train.collate_fn,
+            generator=torch.Generator(),
+        )
 
     # ---- drawing the probe set from the evaluation loop's own batches ------------------------
 
@@ -277,13 +356,25 @@ class ProbeCallback(Callback, ABC):
                 f"(0..{loaders - 1})"
             )
         policy = self._probe_policy()
-        if policy is None or not self._scheduled(trainer) or stage in self._probes:
+        if policy is None or not self._scheduled(trainer):
             return
         restore = self._restored_probe if stage == "validation" else None
-        if restore is not None:
+        drawn = self._drawn_epoch.get(stage, None if restore is None else restore.get("epoch"))
+        due = self._redraw_due(trainer, stage, drawn)
+        if stage in self._probes and not due:
+            return
+        if restore is not None and not due:
             policy = replace(policy, seed=int(restore["seed"]))
+        elif drawn is not None:  # a redraw: another seed, so even a uniform draw renews its inputs
+            policy = replace(policy, seed=self.seed + trainer.current_epoch)
+            restore = None
         keys = None if restore is None else torch.as_tensor(restore["keys"])
         self._draw = ProbeSetDraw(policy, restore=keys, context=f"{stage} loader {self.dataloader_idx}")
+
+    def _redraw_due(self, trainer: L.Trainer, stage: str, drawn: int | None) -> bool:
+        if self.redraw_every_n_epochs is None or drawn is None or stage != "validation" or trainer.state.fn != "fit":
+            return False
+        return trainer.current_epoch - drawn >= self.redraw_every_n_epochs
 
     def _collect(self, pl_module: L.LightningModule, batch: Any, dataloader_idx: int) -> None:
         if dataloader_idx != self.dataloader_idx:
@@ -295,9 +386,20 @@ class ProbeCallback(Callback, ABC):
             return
         inputs, target = self.accessor.read(batch)
         correct = None
-        if self._draw.policy.correct_only and self._draw.restore is None:
+        if self._draw.restore is None and (self._draw.policy.correct_only or self._accuracy_threshold() is not None):
             correct = correct_predictions(self.adapter, inputs, target)
         self._draw.add(inputs, target, correct)
+
+    def _accuracy_threshold(self) -> float | None:
+        """The validation accuracy a classification model must reach before it is measured, if any."""
+        if self.task != "classification" or self.min_accuracy is None:
+            return None
+        if self.min_accuracy != "auto":
+            return float(self.min_accuracy)
+        if self._logits_width is None:
+            return None
+        chance = 1.0 / self._logits_width
+        return chance + (1.0 - chance) / 3  # a third of the way from chance to every input right
 
     def _check_first_batch(self, batch: Any) -> None:
         """Inputs, targets and the model's output on two inputs, checked before any work is done."""
@@ -310,6 +412,44 @@ class ProbeCallback(Callback, ABC):
             outputs = model_outputs(self.adapter, inputs[:2], self.task)
             if self.task == "classification":
                 self._check_logits(outputs)
+                self._logits_width = outputs.shape[1]
+
+    def _not_measurable(self, probe: ProbeSet) -> str | None:
+        """Why a freshly drawn probe set cannot be measured on yet (with the counts), or ``None``."""
+        threshold = self._accuracy_threshold()
+        if threshold is not None and probe.accuracy is not None and probe.accuracy < threshold:
+            how = (
+                f"min_accuracy={self.min_accuracy}"
+                if self.min_accuracy != "auto"
+                else (f"min_accuracy='auto' (a third of the way from chance 1/{self._logits_width} to 1)")
+            )
+            return (
+                f"the validation accuracy {probe.accuracy:.3f} over {probe.seen} inputs is below {how}: {threshold:.3f}"
+            )
+        policy = self._probe_policy()
+        if policy is None or policy.per_class is None or probe.found_per_class is None:
+            return None
+        offered = probe.offered_per_class or {}
+        short = {
+            c: f"{probe.class_counts.get(c, 0)} of {ceil(min(policy.per_class, n) / 2)}"
+            for c, n in offered.items()
+            if probe.class_counts.get(c, 0) < ceil(min(policy.per_class, n) / 2)
+        }
+        if short:
+            return (
+                f"classes {short} hold too few correctly predicted inputs for per-class numbers (found of needed: "
+                f"half of min(per_class={policy.per_class}, the class's inputs in the loader))"
+            )
+        return None
+
+    def _skip(self, trainer: L.Trainer, stage: str, reason: str, kept: bool) -> None:
+        then = (
+            "measuring on the probe set already in use"
+            if kept
+            else "nothing is logged; the next scheduled validation draws again"
+        )
+        self.skipped.append({"epoch": trainer.current_epoch, "stage": stage, "reason": reason})
+        rank_zero_warn(f"{type(self).__name__}: no probe set at epoch {trainer.current_epoch}: {reason}; {then}")
 
     def _check_logits(self, logits: Tensor) -> None:
         """The first batch's logits have ``num_classes`` columns, when the callback was given ``num_classes``."""
@@ -327,13 +467,26 @@ class ProbeCallback(Callback, ABC):
             probe = draw.finish()
             with torch.inference_mode(False):  # trainer.validate/test load inference tensors; keep plain ones
                 probe.inputs, probe.target = probe.inputs.clone(), probe.target.clone()
-            self._probes[stage] = probe
-            if stage == "validation":
-                self._restored_probe = None
+            reason = None if draw.restore is not None else self._not_measurable(probe)
+            if reason is None:
+                restored = self._restored_probe if draw.restore is not None else None
+                self._probes[stage] = probe
+                self._drawn_epoch[stage] = int((restored or {}).get("epoch", trainer.current_epoch))
+                if stage == "validation":
+                    self._restored_probe = None
+            else:
+                self._skip(trainer, stage, reason, kept=stage in self._probes)
         probe = self._probes.get(stage)
         if self._probe_policy() is not None and probe is None:
             return
         record, logged = self._measure(trainer, pl_module, probe, stage)
+        undefined = sorted(key for key, value in logged.items() if not math.isfinite(value))
+        if undefined:  # a number without a value is reported missing, never logged as NaN
+            logged = {key: value for key, value in logged.items() if key not in undefined}
+            rank_zero_warn(
+                f"{type(self).__name__}: {undefined} have no value at epoch {trainer.current_epoch} (measured on "
+                f"{probe.size if probe is not None else 0} probe inputs) and are not logged"
+            )
         self._measured_in_fit |= trainer.state.fn == "fit"
         record = {"epoch": trainer.current_epoch, "stage": stage, **record, "logged": logged}
         self.history.append(record)
@@ -421,12 +574,18 @@ class ProbeCallback(Callback, ABC):
     def _warn_if_nothing_measured(self, trainer: L.Trainer) -> None:
         """A fit whose scheduled validation epochs came and went without a measurement says so, with the counts."""
         check = trainer.check_val_every_n_epoch or 1
-        scheduled = [
-            e for e in range(trainer.current_epoch) if (e + 1) % self.every_n_epochs == 0 and (e + 1) % check == 0
-        ]
+        scheduled = [e for e in range(trainer.current_epoch) if self._scheduled_epoch(e) and (e + 1) % check == 0]
         if self._measured_in_fit or not scheduled or trainer.limit_val_batches == 0:
             return
         batches = list(trainer.num_val_batches)
+        if self.skipped:
+            warnings.warn(
+                f"{type(self).__name__}: measured nothing in this fit: at each of the {len(scheduled)} scheduled "
+                f"validation epoch(s) the model could not be measured yet; the last: {self.skipped[-1]['reason']} "
+                "(train longer, or lower min_accuracy)",
+                stacklevel=2,
+            )
+            return
         warnings.warn(
             f"{type(self).__name__}: measured nothing in this fit although {len(scheduled)} validation epoch(s) were "
             f"scheduled: the validation loop ran {batches} batch(es) per loader (an empty validation set, or a loader "
@@ -461,11 +620,15 @@ class ProbeCallback(Callback, ABC):
 
     def state_dict(self) -> dict[str, Any]:
         probe = self._probes.get("validation")
-        probe_state = probe.state_dict() if probe is not None else self._restored_probe
-        return {"history": self.history, "probe": probe_state, **self._extra_state()}
+        probe_state = self._restored_probe
+        if probe is not None:
+            probe_state = {**probe.state_dict(), "epoch": self._drawn_epoch.get("validation", 0)}
+        return {"history": self.history, "probe": probe_state, "skipped": self.skipped, **self._extra_state()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = list(state_dict.get("history", []))
+        self.skipped = list(state_dict.get("skipped", []))
         self._probes.pop("validation", None)
+        self._drawn_epoch.pop("validation", None)
         self._restored_probe = state_dict.get("probe")
         self._load_extra_state(state_dict)

@@ -55,8 +55,9 @@ class DScoreCallback(ProbeCallback):
         layers: conv layers to mutate (default every ``Conv2d``).
         num_classes: ``K``; default the width of the model's logits.
         max_batch: rows per forward pass (``None``: a memory budget, :func:`~dlguard.probes.default_max_batch`).
-        **options: ``every_n_epochs``, ``preprocess``, ``output_transform``, ``batch_keys``,
-            ``dataloader_idx``, ``seed``: see :class:`~dlguard.callbacks.ProbeCallback`.
+        **options: ``every_n_epochs``, ``preprocess``, ``output_transform``, ``batch_keys``, ``dataloader_idx``,
+            ``seed``, ``start_epoch``, ``min_accuracy``, ``redraw_every_n_epochs``: see
+            :class:`~dlguard.callbacks.ProbeCallback`.
 
     Example:
         >>> import lightning as L

@@ -74,9 +74,9 @@ class ObjectRelevancyCallback(ProbeCallback):
         workers: threads generating follow-ups (``None``: one per CPU core).
         gallery: inferences shown in the gallery.
         max_batch: inputs per forward pass (``None``: a memory budget, :func:`~dlguard.probes.default_max_batch`).
-        **options: ``every_n_epochs``, ``preprocess``, ``output_transform``, ``batch_keys``,
-            ``dataloader_idx``, ``seed`` (here also the seed of the default backgrounds): see
-            :class:`~dlguard.callbacks.ProbeCallback`.
+        **options: ``every_n_epochs``, ``preprocess``, ``output_transform``, ``batch_keys``, ``dataloader_idx``,
+            ``seed`` (here also the seed of the default backgrounds), ``start_epoch``, ``min_accuracy``,
+            ``redraw_every_n_epochs``: see :class:`~dlguard.callbacks.ProbeCallback`.
 
     Example:
         >>> import lightning as L

@@ -78,6 +78,11 @@ class ProbeSet:
         class_counts: ``{class: inputs}`` of the whole probe set.
         found_per_class: ``{class: candidates}`` that qualified (correctly predicted ones for a
             ``correct_only`` draw), over all processes; ``None`` for a restored set.
+        seen: distinct inputs the batches offered, over all processes (``None`` for a restored set).
+        offered_per_class: ``{class: distinct inputs offered}`` over all processes (labels only; ``None``
+            for a restored set or targets that are not labels).
+        accuracy: share of those the model classified correctly, when the draw was told (``correct``
+            given with every batch), else ``None``.
     """
 
     inputs: Tensor
@@ -87,6 +92,9 @@ class ProbeSet:
     seed: int
     class_counts: dict[int, int]
     found_per_class: dict[int, int] | None = field(default=None)
+    seen: int | None = field(default=None)
+    offered_per_class: dict[int, int] | None = field(default=None)
+    accuracy: float | None = field(default=None)
 
     def __len__(self) -> int:
         return len(self.target)
@@ -163,10 +171,14 @@ class ProbeSetDraw:
         self._inputs: Tensor | None = None
         self._target: Tensor | None = None
         self._keys: Tensor | None = None
-        self._seen: list[Tensor] = []  # (3, B): key, label and correctness of every input offered
+        self._seen: list[Tensor] = []  # (4, B): key, label, qualified, correct (-1: not told) of every input
 
     def add(self, inputs: Tensor, target: Tensor, correct: Tensor | None = None) -> None:
-        """Offer a batch: inputs ``(B, ...)``, labels ``(B,)`` and, for ``correct_only``, a ``(B,)`` mask."""
+        """Offer a batch: inputs ``(B, ...)``, labels ``(B,)`` and a ``(B,)`` mask of correct predictions.
+
+        The mask is required by a ``correct_only`` draw; given to any draw, it counts towards
+        :attr:`ProbeSet.accuracy`.
+        """
         check_tensor("inputs", inputs)
         if self.policy.labels:
             check_labels("target", target, batch=len(inputs))
@@ -175,8 +187,12 @@ class ProbeSetDraw:
             check_values("target", target, None)
             if len(target) != len(inputs):
                 raise ValueError(f"target: expected {len(inputs)} targets for {len(inputs)} inputs, got {len(target)}")
-        if self.policy.correct_only and self.restore is None and (correct is None or correct.shape != target.shape):
+        if self.policy.correct_only and self.restore is None and correct is None:
             raise ValueError("correct: a correct_only draw needs a (B,) mask of correctly predicted inputs")
+        if correct is not None and correct.shape != (len(inputs),):
+            raise ValueError(
+                f"correct: expected a ({len(inputs)},) mask of correct predictions, got {tuple(correct.shape)}"
+            )
         if len(inputs) == 0:
             return
         check_values(f"inputs ({self.context})", inputs, self.policy.value_range, self.policy.value_range_hint)
@@ -188,7 +204,8 @@ class ProbeSetDraw:
             mask = correct.to(device=keys.device, dtype=torch.bool)
         else:
             mask = torch.ones_like(keys, dtype=torch.bool)
-        self._seen.append(torch.stack([keys, self._classes(target).to(keys.device), mask.long()]))
+        told = torch.full_like(keys, -1) if correct is None else correct.to(device=keys.device, dtype=torch.long)
+        self._seen.append(torch.stack([keys, self._classes(target).to(keys.device), mask.long(), told]))
         pool = (inputs.detach()[mask], target.detach()[mask], keys[mask])
         if self._keys is not None:
             pool = tuple(torch.cat([old, new.to(old.device)]) for old, new in zip(self._pool(), pool, strict=True))
@@ -241,13 +258,16 @@ class ProbeSetDraw:
             seed=self.policy.seed,
             class_counts=_counts(every[1, chosen]) if self.policy.labels else {},
             found_per_class=self._found(seen),
+            seen=None if self.restore is not None else seen.shape[1],
+            offered_per_class=_counts(seen[1]) if self.restore is None and self.policy.labels else None,
+            accuracy=self._accuracy(seen),
         )
         self._check(probe, seen.shape[1])
         return probe
 
     def _seen_everywhere(self) -> Tensor:
-        """``(3, N)`` key, label, qualified of every distinct input any process was offered."""
-        mine = torch.cat(self._seen, dim=1) if self._seen else torch.zeros(3, 0, dtype=torch.long)
+        """``(4, N)`` key, label, qualified, correct of every distinct input any process was offered."""
+        mine = torch.cat(self._seen, dim=1) if self._seen else torch.zeros(4, 0, dtype=torch.long)
         seen = _distributed.gather_cat(mine.T.contiguous()).T
         return seen[:, _first_of_each_key(seen[0])]
 
@@ -259,6 +279,12 @@ class ProbeSetDraw:
         present = torch.bincount(seen[1], minlength=classes) > 0
         return {cls: int(n) for cls, n in enumerate(found.tolist()) if present[cls]}
 
+    def _accuracy(self, seen: Tensor) -> float | None:
+        """Accuracy over the distinct inputs offered, when every batch came with its correct mask."""
+        if self.restore is not None or not seen.shape[1] or bool((seen[3] < 0).any()):
+            return None
+        return float(seen[3].double().mean())
+
     def _check(self, probe: ProbeSet, seen: int) -> None:
         if probe.size:
             if self.restore is not None and probe.size < len(self.restore):
@@ -269,9 +295,10 @@ class ProbeSetDraw:
                     stacklevel=3,
                 )
             elif self.policy.probe_size is not None and probe.size < self.policy.probe_size:
+                among = f", {probe.size} of them classified correctly" if self.policy.correct_only else ""
                 warnings.warn(
-                    f"probe set: probe_size={self.policy.probe_size} requested but {self.context} gave only "
-                    f"{probe.size} distinct inputs; measuring on those",
+                    f"probe set: probe_size={self.policy.probe_size} requested but {self.context} gave {seen} "
+                    f"distinct inputs{among}; measuring on {probe.size}",
                     stacklevel=3,
                 )
             return

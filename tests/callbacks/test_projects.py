@@ -85,6 +85,12 @@ def test_a_model_that_needs_preprocess_is_measured_wrongly_without_it(tmp_path: 
     """The planted defect: the same run without ``preprocess`` sees raw pixels and reports a broken model."""
     callback = DScoreCallback(n=2, probe_size=60, batch_keys=KEYS)
     trainer = quick_trainer(tmp_path, [callback], train_batches=1, val_batches=3)
+    with pytest.warns(UserWarning, match=r"no probe set at epoch 0: the validation accuracy 0\.\d+ over 150 inputs"):
+        trainer.fit(NormalizedDigits(lr=0.0), datamodule=DigitDicts())
+    assert callback.history == [] and "dscore/baseline_acc" not in trainer.callback_metrics  # not measured at all
+    # told to measure whatever the accuracy, it reports the broken model
+    callback = DScoreCallback(n=2, probe_size=60, batch_keys=KEYS, min_accuracy=None)
+    trainer = quick_trainer(tmp_path, [callback], train_batches=1, val_batches=3)
     trainer.fit(NormalizedDigits(lr=0.0), datamodule=DigitDicts())
     assert float(trainer.callback_metrics["dscore/baseline_acc"]) < 0.5
 

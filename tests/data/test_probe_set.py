@@ -159,9 +159,42 @@ def test_fewer_inputs_than_size_warns_and_keeps_all() -> None:
     x, y, _ = dataset()
     draw = ProbeSetDraw(ProbeSetPolicy(probe_size=500), context="val")
     draw.add(x, y)
-    with pytest.warns(UserWarning, match=r"size=500 requested but val gave only 300"):
+    with pytest.warns(UserWarning, match=r"size=500 requested but val gave 300 distinct inputs; measuring on 300"):
         probe = draw.finish()
     assert probe.size == N
+
+
+def test_a_correct_only_shortfall_names_how_many_inputs_were_seen_and_how_many_were_correct() -> None:
+    x, y, correct = dataset()
+    draw = ProbeSetDraw(ProbeSetPolicy(probe_size=500, correct_only=True), context="val")
+    draw.add(x, y, correct)
+    right = int(correct.sum())
+    with pytest.warns(UserWarning, match=rf"val gave 300 distinct inputs, {right} of them classified correctly"):
+        draw.finish()
+
+
+@pytest.mark.parametrize("policy", POLICIES[:1] + POLICIES[-1:], ids=["size", "per_class-correct"])
+def test_seen_and_accuracy_count_each_distinct_input_once(policy: ProbeSetPolicy) -> None:
+    x, y, correct = dataset()
+    rows = torch.cat([torch.arange(N), torch.arange(40)])  # the first 40 inputs come twice (padded shards)
+    draw = ProbeSetDraw(policy)
+    stream(draw, x, y, correct, [rows[b] for b in random_batches(len(rows), 4)])
+    probe = draw.finish()
+    assert probe.seen == N
+    assert probe.accuracy == pytest.approx(sum(bool(c) for c in correct.tolist()) / N, abs=1e-12)
+
+
+def test_accuracy_is_unknown_unless_every_batch_said_which_inputs_were_correct() -> None:
+    x, y, correct = dataset()
+    draw = ProbeSetDraw(ProbeSetPolicy(probe_size=25))
+    draw.add(x[:100], y[:100], correct[:100])
+    draw.add(x[100:], y[100:])
+    probe = draw.finish()
+    assert probe.seen == N and probe.accuracy is None
+    restored = ProbeSetDraw(ProbeSetPolicy(probe_size=25), restore=probe.all_keys)
+    restored.add(x, y, correct)
+    again = restored.finish()
+    assert again.seen is None and again.accuracy is None  # a restored set was accepted when drawn
 
 
 def test_no_batches_is_an_error() -> None:
@@ -322,6 +355,8 @@ def _two_process_draws(rank: int, world: int) -> dict:
             "all_keys": probe.all_keys,
             "class_counts": probe.class_counts,
             "found": probe.found_per_class,
+            "seen": probe.seen,
+            "accuracy": probe.accuracy,
         }
         gathered: list = [None] * world
         dist.all_gather_object(gathered, local)
@@ -364,6 +399,14 @@ def test_two_processes_draw_what_one_process_draws(two_process_results: dict) ->
     expected_found = {c: int(((y == c) & correct).sum()) for c in range(CLASSES)}
     for rank in two_process_results["per_class"]:
         assert rank["found"] == expected_found
+
+
+@pytest.mark.ddp
+def test_two_processes_count_seen_inputs_and_accuracy_once(two_process_results: dict) -> None:
+    _x, _y, correct = dataset()
+    for rank in two_process_results["padded"] + two_process_results["size"]:
+        assert rank["seen"] == N
+        assert rank["accuracy"] == pytest.approx(float(correct.double().mean()), abs=1e-12)
 
 
 @pytest.mark.ddp

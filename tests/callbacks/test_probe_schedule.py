@@ -1,0 +1,198 @@
+"""Probe sets that follow training: drawn when the model can be measured, renewed on a schedule.
+
+A from-scratch network that has collapsed onto one class at its first validation must not be
+measured (its robustness reads 1.0 on a one-class probe set); the callbacks wait, say why with the
+counts, log nothing, and draw once the model has learnt. ``redraw_every_n_epochs`` renews the set.
+"""
+
+from __future__ import annotations
+
+import csv
+import warnings
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from torch import Tensor
+
+from dlguard._random import content_keys
+from dlguard.callbacks import DScoreCallback, RobustnessCallback
+from dlguard.data import MNISTDataModule
+from dlguard.zoo import ClassifierModule, pretrained
+from tests.callbacks.recompute import dscore_logged, robustness_logged
+from tests.quick import quick_trainer
+
+
+class LearnsAtEpoch(ClassifierModule):
+    """``mnist_a`` that predicts class ``collapsed_class`` for every input before training epoch ``learns_at``.
+
+    Or, with ``never=c``, a model that is good except that it never predicts class ``c``.
+    """
+
+    def __init__(self, learns_at: int = 1, collapsed_class: int = 0, never: int | None = None) -> None:
+        super().__init__(pretrained("mnist_a"), lr=1e-6)
+        self.learns_at, self.collapsed_class, self.never = learns_at, collapsed_class, never
+
+    def forward(self, x: Tensor) -> Tensor:
+        logits = self.net(x)
+        if self.never is not None:
+            return logits.index_fill(1, torch.tensor([self.never], device=logits.device), -1e4)
+        if self._trainer is None or self.trainer.current_epoch >= self.learns_at:
+            return logits
+        collapsed = torch.full_like(logits, -10.0)
+        collapsed[:, self.collapsed_class] = 10.0
+        return collapsed + 0 * logits
+
+
+def logged_epochs(path: Path, prefix: str) -> list[int]:
+    with path.open() as handle:
+        return sorted({int(row["epoch"]) for row in csv.DictReader(handle) if any(
+            value and key.startswith(prefix) for key, value in row.items()
+        )})  # fmt: skip
+
+
+def fit(tmp_path: Path, callbacks: list[L.Callback], module: L.LightningModule, epochs: int = 2) -> L.Trainer:
+    trainer = quick_trainer(tmp_path, callbacks, epochs=epochs, train_batches=2, val_batches=4)
+    trainer.fit(module, datamodule=MNISTDataModule(batch_size=50))
+    return trainer
+
+
+def test_a_collapsed_model_is_not_measured_until_it_has_learnt(tmp_path: Path) -> None:
+    robustness = RobustnessCallback(per_class=4, pairs=20)
+    dscore = DScoreCallback(n=2, probe_size=40)
+    module = LearnsAtEpoch(learns_at=1)
+    with pytest.warns(UserWarning, match=r"RobustnessCallback: no probe set at epoch 0: the validation accuracy 0\.1"):
+        trainer = fit(tmp_path, [robustness, dscore], module)
+    for callback in (robustness, dscore):
+        assert [s["epoch"] for s in callback.skipped] == [0]
+        assert (
+            "below min_accuracy='auto' (a third of the way from chance 1/10 to 1): 0.400"
+            in callback.skipped[0]["reason"]
+        )
+        assert [record["epoch"] for record in callback.history] == [1]
+    # nothing was logged at epoch 0; at epoch 1 the numbers are the generators' on the set drawn then
+    assert logged_epochs(tmp_path / "metrics.csv", "robustness/") == [1]
+    assert logged_epochs(tmp_path / "metrics.csv", "dscore/") == [1]
+    probe = robustness.probe_set()
+    assert probe.class_counts == {c: 4 for c in range(10)}  # every class, not the collapsed one only
+    logged = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    assert {k: v for k, v in logged.items() if k.startswith("robustness/")} == pytest.approx(
+        robustness_logged(robustness, module), abs=1e-6
+    )
+    assert {k: v for k, v in logged.items() if k.startswith("dscore/")} == pytest.approx(
+        dscore_logged(dscore, module), abs=1e-5
+    )
+
+
+def test_without_an_accuracy_threshold_a_one_class_balanced_set_is_still_refused(tmp_path: Path) -> None:
+    robustness = RobustnessCallback(per_class=4, pairs=20, min_accuracy=None)
+    with pytest.warns(UserWarning, match=r"classes \{1: '0 of 2', 2: '0 of 2'"):
+        fit(tmp_path, [robustness], LearnsAtEpoch(learns_at=5, collapsed_class=0), epochs=1)
+    assert (
+        robustness.history == []
+        and "too few correctly predicted inputs for per-class numbers" in robustness.skipped[0]["reason"]
+    )
+
+
+def test_a_class_the_model_never_predicts_is_named_with_its_counts(tmp_path: Path) -> None:
+    robustness = RobustnessCallback(per_class=4, pairs=20)
+    with pytest.warns(UserWarning, match=r"classes \{3: '0 of 2'\}"):  # 3s among 200 inputs: min(4, n)/2 = 2
+        fit(tmp_path, [robustness], LearnsAtEpoch(never=3), epochs=1)
+    assert robustness.history == []
+
+
+def test_a_fit_that_never_becomes_measurable_says_why_at_the_end(tmp_path: Path) -> None:
+    dscore = DScoreCallback(n=2, probe_size=20)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(tmp_path, [dscore], LearnsAtEpoch(learns_at=5), epochs=2)
+    said = [str(w.message) for w in caught if "measured nothing in this fit" in str(w.message)]
+    assert len(said) == 1 and "could not be measured yet" in said[0] and "lower min_accuracy" in said[0]
+
+
+def test_start_epoch_delays_the_first_measurement_and_costs_nothing_before(tmp_path: Path) -> None:
+    def rows_in_epoch_0(callbacks: list[L.Callback]) -> list[int]:
+        module = LearnsAtEpoch(learns_at=0)
+        rows: list[int] = []
+        module.net.register_forward_hook(
+            lambda net, args, out: rows.append(len(args[0])) if module.trainer.current_epoch == 0 else None
+        )
+        fit(tmp_path, callbacks, module)
+        return rows
+
+    dscore = DScoreCallback(n=2, probe_size=20, start_epoch=1)
+    with_callback, without = rows_in_epoch_0([dscore]), rows_in_epoch_0([])
+    assert [record["epoch"] for record in dscore.history] == [1] and dscore.skipped == []
+    extra = list(with_callback)
+    for rows in without:
+        extra.remove(rows)
+    assert extra and max(extra) <= 2  # epoch 0 paid only the first-batch check, on two inputs
+
+
+def test_a_start_epoch_after_the_last_epoch_is_named_at_set_up(tmp_path: Path) -> None:
+    trainer = quick_trainer(tmp_path, [DScoreCallback(n=2, start_epoch=3)], epochs=2)
+    with pytest.warns(UserWarning, match=r"start_epoch=3 never meets a validation epoch"):
+        trainer.fit(ClassifierModule(pretrained("mnist_a")), datamodule=MNISTDataModule(batch_size=50))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"start_epoch": -1}, "start_epoch"),
+        ({"min_accuracy": 1.5}, "min_accuracy"),
+        ({"min_accuracy": "high"}, "min_accuracy"),
+        ({"redraw_every_n_epochs": 0}, "redraw_every_n_epochs"),
+    ],
+)
+def test_bad_start_and_redraw_arguments_are_named(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        DScoreCallback(**kwargs)
+
+
+def test_redraw_renews_the_set_with_the_epoch_in_its_seed(tmp_path: Path) -> None:
+    dscore = DScoreCallback(n=2, probe_size=30, redraw_every_n_epochs=2)
+    module = LearnsAtEpoch(learns_at=0)
+    fit(tmp_path, [dscore], module, epochs=3)
+    history = dscore.history
+    assert [record["epoch"] for record in history] == [0, 1, 2]
+    probe = dscore.probe_set()
+    assert probe.seed == 0 + 2  # drawn again at epoch 2, two epochs after the first draw
+    data = MNISTDataModule(batch_size=50)
+    data.setup()
+    images = torch.stack([data.val_set[i][0] for i in range(200)])
+    first, renewed = content_keys(images, 0).sort().values[:30], content_keys(images, 2).sort().values[:30]
+    assert torch.equal(probe.all_keys, renewed) and not torch.equal(first, renewed)
+    assert dscore.state_dict()["probe"]["epoch"] == 2
+
+
+def test_a_resumed_run_redraws_when_an_uninterrupted_run_does(tmp_path: Path) -> None:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def callbacks(root: Path) -> list[L.Callback]:
+        return [
+            DScoreCallback(n=2, probe_size=30, redraw_every_n_epochs=2),
+            RobustnessCallback(per_class=3, pairs=20, redraw_every_n_epochs=2),
+            ModelCheckpoint(dirpath=root / "checkpoints", save_top_k=-1, every_n_epochs=1),
+        ]
+
+    def metrics(path: Path) -> dict[int, dict[str, str]]:
+        with path.open() as handle:
+            rows = [row for row in csv.DictReader(handle) if row.get("dscore/d_score")]
+        return {int(row["epoch"]): {k: v for k, v in row.items() if "/" in k and v} for row in rows}
+
+    whole_callbacks = callbacks(tmp_path / "whole")
+    whole = quick_trainer(tmp_path / "whole", whole_callbacks, epochs=4, train_batches=2, val_batches=4)
+    whole.fit(LearnsAtEpoch(learns_at=1), datamodule=MNISTDataModule(batch_size=50))
+    assert [r["epoch"] for r in whole_callbacks[0].history] == [1, 2, 3]  # drawn at 1, redrawn at 3
+    checkpoint = next((tmp_path / "whole" / "checkpoints").glob("epoch=1*.ckpt"))
+    resumed_callbacks = callbacks(tmp_path / "resumed")
+    resumed = quick_trainer(tmp_path / "resumed", resumed_callbacks, epochs=4, train_batches=2, val_batches=4)
+    resumed.fit(LearnsAtEpoch(learns_at=1), datamodule=MNISTDataModule(batch_size=50), ckpt_path=checkpoint)
+    expected, got = metrics(tmp_path / "whole" / "metrics.csv"), metrics(tmp_path / "resumed" / "metrics.csv")
+    assert sorted(got) == [2, 3]
+    for epoch in (2, 3):
+        assert got[epoch] == expected[epoch], epoch
+    for before, after in zip(whole_callbacks[:2], resumed_callbacks[:2], strict=True):
+        assert torch.equal(before.probe_set().all_keys, after.probe_set().all_keys)
+        assert before.probe_set().seed == after.probe_set().seed == 3
