@@ -7,9 +7,9 @@ from typing import Any, Unpack
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from matplotlib.figure import Figure
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Subset
 from torch.utils.hooks import RemovableHandle
 
 from dlguard._validation import check_values, optional_positive_int, positive_int, probability
@@ -29,11 +29,13 @@ from dlguard.probes.neurons import neuron_layers, neuron_output, profile_neuron_
 from dlguard.report.logging import log_wandb_bars
 from dlguard.utilities.plot import plot_coverage_by_layer
 
-__all__ = ["CRITERIA", "NeuronCoverageCallback"]
+__all__ = ["CRITERIA", "SATURATED", "NeuronCoverageCallback"]
 
 CRITERIA = ("nc", "kmnc", "nbc", "snac", "tknc")
 """Neuron coverage (DeepTest), k-multisection, neuron boundary, strong neuron activation, top-k."""
 _RANGE_CRITERIA = {"kmnc", "nbc", "snac"}
+SATURATED = 0.99
+"""A criterion at or above this share of neurons is saturated: a warning names it and what to change."""
 _HELD_VALUES = 1 << 22
 """Neuron values (4 Mi, 16 MiB in float32) held back before the metrics count them: few updates per epoch."""
 
@@ -78,7 +80,13 @@ class NeuronCoverageCallback(ProbeCallback):
     Args:
         criteria: any of ``"nc"``, ``"kmnc"``, ``"nbc"``, ``"snac"``, ``"tknc"``.
         layers: ``"auto"`` (every ``Linear``, ``Conv1d/2d/3d``, ``LSTM``/``GRU``/``RNN``) or names.
-        threshold: NC threshold in ``[0, 1]``.
+        threshold: NC threshold in ``[0, 1]``, on each input's layer output min-max scaled (DeepTest's
+            scaling). Default 0.75, the strictest threshold DeepXplore and DeepGauge report, not
+            DeepTest's 0.2: over a whole validation set the scaled means of nearly every channel pass
+            0.2 at least once, so NC at 0.2 reads 1.000 on every layer -- measured on 1,000 validation
+            inputs: ``mnist_a`` and ``mnist_b`` 1.000, a ResNet-18 trained on the RGB scenes 1.000 --
+            while at 0.75 it reads 0.695, 0.386 and 0.017 and can still rise. A criterion that saturates
+            all the same is named in a warning, with what to change.
         sections: KMNC's ``k``.
         top_k: TKNC's ``k``.
         ranges: per-neuron ``{layer: NeuronRange}``; profiled from training data when omitted.
@@ -86,7 +94,9 @@ class NeuronCoverageCallback(ProbeCallback):
         **options: ``every_n_epochs``, ``preprocess`` (applied to the training loader's inputs when
             profiling, as the model sees them during validation, e.g. ``Normalize``),
             ``output_transform``, ``batch_keys`` (how to read the inputs of the training and
-            evaluation batches): see :class:`~dlguard.callbacks.ProbeCallback`.
+            evaluation batches), ``start_epoch`` (the first epoch counted; coverage draws no probe
+            set, so ``min_accuracy`` and ``redraw_every_n_epochs`` do not apply): see
+            :class:`~dlguard.callbacks.ProbeCallback`.
 
     Example:
         >>> import lightning as L
@@ -103,7 +113,7 @@ class NeuronCoverageCallback(ProbeCallback):
         *,
         criteria: Sequence[str] = CRITERIA,
         layers: LayerSpec | str = "auto",
-        threshold: float = 0.2,
+        threshold: float = 0.75,
         sections: int = 10,
         top_k: int = 2,
         ranges: Mapping[str, NeuronRange] | None = None,
@@ -155,38 +165,10 @@ class NeuronCoverageCallback(ProbeCallback):
                 "dlguard.probes.profile_neuron_ranges(model, train_loader, layers) or a datamodule with training data"
             )
 
-    @staticmethod
-    def _has_training_data(trainer: L.Trainer) -> bool:
-        datamodule = trainer.datamodule
-        return (
-            datamodule is not None and type(datamodule).train_dataloader is not L.LightningDataModule.train_dataloader
-        )
-
-    def _profiling_loader(self, trainer: L.Trainer) -> DataLoader:
-        """The training data in a loader of its own, each rank its own slice.
-
-        Iterating the trainer's shuffling loader would advance its sampler's generator and change
-        the batches training sees; the loader's own generator keeps its base seed off the global
-        RNG that augmentations and dropout draw from.
-        """
-        train = trainer.train_dataloader if trainer.state.fn == "fit" else trainer.datamodule.train_dataloader()
-        if not isinstance(train, DataLoader):
-            raise ValueError("ranges: profiling needs a single training DataLoader; pass ranges= instead")
-        dataset = train.dataset
-        if trainer.world_size > 1:
-            dataset = Subset(dataset, range(trainer.global_rank, len(dataset), trainer.world_size))
-        return DataLoader(
-            dataset,
-            batch_size=train.batch_size or 1,
-            shuffle=False,
-            collate_fn=train.collate_fn,
-            generator=torch.Generator(),
-        )
-
     def _profile(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         ranges = profile_neuron_ranges(
             self.adapter,
-            self._profiling_loader(trainer),
+            self._training_loader(trainer, shard=True, argument="ranges"),
             self._layers,
             max_batches=self.max_profile_batches,
             batch_inputs=self.accessor.inputs,
@@ -300,7 +282,29 @@ class NeuronCoverageCallback(ProbeCallback):
             **{criterion: values["all"] for criterion, values in per_layer.items()},
             "per_layer": {c: {k: v for k, v in values.items() if k != "all"} for c, values in per_layer.items()},
         }
+        self._warn_if_saturated(trainer, record)
         return record, {f"coverage/{c}": record[c] for c in self.criteria}
+
+    def _warn_if_saturated(self, trainer: L.Trainer, record: Mapping[str, Any]) -> None:
+        """A criterion at (nearly) 1.0 measures nothing: name it, its full layers, and what to change."""
+        advice = {
+            "nc": f"raise threshold (now {self.threshold}; DeepXplore used up to 0.75)",
+            "kmnc": f"raise sections (now {self.sections})",
+            "nbc": "profile the ranges on more training data (max_profile_batches) or pass wider ranges",
+            "snac": "profile the ranges on more training data (max_profile_batches) or pass wider ranges",
+            "tknc": f"lower top_k (now {self.top_k})",
+        }
+        for criterion in self.criteria:
+            if record[criterion] < SATURATED:
+                continue
+            layers = [name for name, ratio in record["per_layer"][criterion].items() if ratio >= 1.0]
+            shown = ", ".join(layers[:6]) + (f" and {len(layers) - 6} more" if len(layers) > 6 else "")
+            rank_zero_warn(
+                f"NeuronCoverageCallback: {criterion} is saturated at epoch {trainer.current_epoch} "
+                f"({record[criterion]:.3f}; every neuron covered in {len(layers)} of "
+                f"{len(record['per_layer'][criterion])} layers: {shown}), so it cannot rise with new inputs and "
+                f"measures nothing; {advice[criterion]}"
+            )
 
     def _figures(self, record: Mapping[str, Any]) -> dict[str, Figure]:
         return {"coverage/by_layer": plot_coverage_by_layer(record["per_layer"])}

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -272,3 +273,29 @@ def test_in_place_ops_after_a_layer_do_not_change_what_it_counts(tmp_path: Path)
     callback = NeuronCoverageCallback(ranges=ranges, threshold=0.3, top_k=3)
     trainer_for(tmp_path, callback).validate(CountingModule(net), datamodule=dm, verbose=False)
     assert_counts_equal_the_metrics(callback.history[-1], outputs, ranges, top_k=3)
+
+
+def test_a_saturated_criterion_is_named_with_its_layers_and_what_to_change(tmp_path: Path) -> None:
+    # planted: at threshold 0 every scaled neuron value counts, and top_k 4096 is every neuron of every layer
+    callback = NeuronCoverageCallback(criteria=["nc", "tknc"], threshold=0.0, top_k=4096)
+    with pytest.warns(UserWarning) as caught:
+        trainer_for(tmp_path, callback).validate(
+            ClassifierModule(pretrained("mnist_a")), datamodule=MNISTDataModule(batch_size=50), verbose=False
+        )
+    said = [str(w.message) for w in caught if "is saturated" in str(w.message)]
+    assert len(said) == 2
+    nc, tknc = sorted(said, key=lambda text: "tknc" in text)
+    assert "nc is saturated at epoch 0 (1.000; every neuron covered in 5 of 5 layers: net.conv1" in nc
+    assert "raise threshold (now 0.0" in nc and "lower top_k (now 4096)" in tknc
+    assert callback.history[-1]["nc"] == 1.0  # still logged: the number is right, it just says nothing
+
+
+def test_an_unsaturated_criterion_says_nothing(tmp_path: Path) -> None:
+    callback = NeuronCoverageCallback(criteria=["nc", "tknc"], threshold=0.75)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        warnings.filterwarnings("ignore", ".*does not have many workers.*")
+        trainer_for(tmp_path, callback).validate(
+            ClassifierModule(pretrained("mnist_a")), datamodule=MNISTDataModule(batch_size=50), verbose=False
+        )
+    assert callback.history[-1]["nc"] < 0.99
