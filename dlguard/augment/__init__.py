@@ -15,6 +15,7 @@ from dlguard.augment.follow_ups import (
 )
 from dlguard.augment.guide import Guide
 from dlguard.augment.photometric import RandomBrightnessScale, RandomBrightnessShift, RandomNoise
+from dlguard.augment.presets import PROPERTY_PRESETS, label_preserving_properties, property_preset
 from dlguard.augment.properties import Property, deeptest_properties, default_properties
 from dlguard.augment.region_translate import RegionTranslate
 from dlguard.augment.score_guided_padding import ScoreGuidedPadding
@@ -22,6 +23,7 @@ from dlguard.augment.weather import RandomFog, RandomRain
 
 __all__ = [
     "MUTATION_FUNCTIONS",
+    "PROPERTY_PRESETS",
     "ErrorGuidedAugmentation",
     "FollowUpCache",
     "FollowUps",
@@ -38,5 +40,7 @@ __all__ = [
     "deeptest_properties",
     "default_properties",
     "follow_up_layout",
+    "label_preserving_properties",
     "object_follow_ups",
+    "property_preset",
 ]

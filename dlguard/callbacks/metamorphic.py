@@ -11,7 +11,8 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from dlguard._validation import optional_positive_int, positive_int
-from dlguard.augment.properties import Property, check_properties, check_property_inputs, deeptest_properties
+from dlguard.augment.presets import property_preset
+from dlguard.augment.properties import Property, check_properties, check_property_inputs
 from dlguard.callbacks.base import ProbeCallback, ProbeOptions
 from dlguard.data.failure_bank import FailureBank
 from dlguard.data.probe_set import ProbeSet, ProbeSetPolicy
@@ -56,8 +57,12 @@ class MetamorphicCallback(ProbeCallback):
         source beside its transformed input, captioned with the predicted and true label (angle).
 
     Args:
-        properties: the :class:`~dlguard.augment.Property` list to apply (default
-            :func:`~dlguard.augment.deeptest_properties`: DeepTest's Table 4 plus fog and rain); 1-D
+        properties: the :class:`~dlguard.augment.Property` list to apply, or a preset name
+            (:func:`~dlguard.augment.property_preset`). Default ``"label_preserving"``
+            (:func:`~dlguard.augment.label_preserving_properties`: DeepTest's transformations with limits
+            relative to the image -- shifts of 2-10 % of the side, rotations up to 15° -- so a violation
+            replayed with its source's label teaches the right label at any image size);
+            ``"deeptest_roads"`` is DeepTest's Table 4 for 640x480 road frames, plus fog and rain. 1-D
             signals need properties with ``needs_images=False``.
         task: ``"classification"`` (outputs are logits ``(B, K)``, targets labels) or ``"regression"``
             (outputs ``(B,)`` or ``(B, 1)``, targets values such as steering angles).
@@ -67,9 +72,9 @@ class MetamorphicCallback(ProbeCallback):
         bank: a :class:`~dlguard.data.FailureBank` receiving the violations, or ``None``.
         gallery: violations shown in the gallery.
         max_batch: inputs per forward pass (``None``: a memory budget, :func:`~dlguard.probes.default_max_batch`).
-        **options: ``every_n_epochs``, ``preprocess``, ``output_transform`` (to logits, or to
-            predictions for regression), ``batch_keys``, ``dataloader_idx``, ``seed``: see
-            :class:`~dlguard.callbacks.ProbeCallback`.
+        **options: ``every_n_epochs``, ``preprocess``, ``output_transform`` (to logits, or to predictions for
+            regression), ``batch_keys``, ``dataloader_idx``, ``seed``, ``start_epoch``, ``min_accuracy``,
+            ``redraw_every_n_epochs``: see :class:`~dlguard.callbacks.ProbeCallback`.
 
     Example:
         >>> import lightning as L
@@ -90,7 +95,7 @@ class MetamorphicCallback(ProbeCallback):
     def __init__(
         self,
         *,
-        properties: Sequence[Property] | None = None,
+        properties: Sequence[Property] | str = "label_preserving",
         task: Task = "classification",
         lam: float = 5.0,
         epsilon: float = 0.03,
@@ -100,7 +105,7 @@ class MetamorphicCallback(ProbeCallback):
         max_batch: int | None = None,
         **options: Unpack[ProbeOptions],
     ) -> None:
-        self.properties = check_properties(deeptest_properties() if properties is None else properties)
+        self.properties = check_properties(property_preset(properties) if isinstance(properties, str) else properties)
         check_relation(task, lam, epsilon)
         positive_int("probe_size", probe_size)
         positive_int("gallery", gallery, minimum=0)

@@ -195,6 +195,7 @@ def test_the_model_is_left_as_found_and_bad_input_fails_before_any_work(tmp_path
         ({"properties": ["fog"]}, "properties: expected dlguard.augment.Property items"),
         ({"task": "steering"}, "task: expected one of"),
         ({"probe_size": 0}, "probe_size"),
+        ({"properties": "deeptest"}, r"properties: no preset named 'deeptest'; choose from \['label_preserving'"),
     ):
         with pytest.raises(ValueError, match=message):
             MetamorphicCallback(**{"properties": chosen(("brightness",)), **kwargs})

@@ -1,0 +1,106 @@
+"""Named property lists: which perturbations, at which severities, a callback applies when told a name.
+
+DeepTest's Table 4 was written for 640x480 road frames: zooms up to 6x, shifts of 100 pixels and
+brightness steps of 100/255 are ordinary there, but on a 32x32 image they leave no object to
+label. A metamorphic relation replays each violation with its source's label, so its
+transformations must keep the label; :func:`label_preserving_properties` keeps every limit
+relative to the image (shifts and blur widths as fractions of its side) and small enough that a
+person would still give the source's label, at any image size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+
+from torch import Tensor
+
+from dlguard.augment.functional.blur import gaussian_blur
+from dlguard.augment.functional.geometric import rotation, scaling, shearing, translation
+from dlguard.augment.functional.photometric import brightness_shift, contrast
+from dlguard.augment.properties import Property, deeptest_properties, default_properties
+
+__all__ = ["PROPERTY_PRESETS", "label_preserving_properties", "property_preset"]
+
+
+def _translation_of_side(images: Tensor, fraction: Tensor) -> Tensor:
+    """A shift right and down by ``fraction`` of the image's width and height."""
+    return translation(images, fraction * images.shape[-1], fraction * images.shape[-2])
+
+
+def _gaussian_blur_of_side(images: Tensor, fraction: Tensor) -> Tensor:
+    """Gaussian blur of ``σ = fraction ·`` the image's shorter side (kernel ``2·⌈3σ⌉ + 1``, at least 3)."""
+    side = min(images.shape[-2:])
+    blurred = images.clone()
+    for value in fraction.unique().tolist():  # one host sync; a sweep applies one level per call
+        sigma = value * side
+        rows = fraction == value
+        blurred[rows] = gaussian_blur(images[rows], max(3, 2 * math.ceil(3 * sigma) + 1), sigma=sigma)
+    return blurred
+
+
+def label_preserving_properties() -> list[Property]:
+    """DeepTest's transformations with limits relative to the image, small enough to keep the label.
+
+    Translation by 2-10 % of the side, zoom 1.05-1.2x, shear 0.05-0.25, rotation 3-15°, contrast
+    1.1-1.5x, brightness +0.02-0.10 (of the ``[0, 1]`` range), Gaussian blur of ``σ`` 1-3 % of the
+    side, and fog and rain at severities 1 and 2 (of 5): 36 transformed copies of each input, against
+    the 80 of DeepTest's table (:func:`~dlguard.augment.deeptest_properties`, preset ``"deeptest_roads"``).
+    Every limit scales with the image, so a 32x32 digit and a 224x224 photo get the same relative
+    change. All need images ``(B, C, H, W)`` in ``[0, 1]``; fog and rain are keyed.
+
+    Example:
+        >>> [(p.name, p.levels[-1]) for p in label_preserving_properties()]  # doctest: +NORMALIZE_WHITESPACE
+        [('translation', 0.1), ('scale', 1.2), ('shear', 0.25), ('rotation', 15.0), ('contrast', 1.5),
+         ('brightness', 0.1), ('gaussian_blur', 0.03), ('fog', 2.0), ('rain', 2.0)]
+        >>> sum(len(p.levels) for p in label_preserving_properties())
+        36
+    """
+    weather = {p.name: p for p in deeptest_properties() if p.name in ("fog", "rain")}
+    return [
+        Property("translation", _translation_of_side, (0.02, 0.04, 0.06, 0.08, 0.1), deterministic=True),
+        Property("scale", scaling, (1.05, 1.1, 1.15, 1.2), deterministic=True),
+        Property("shear", shearing, (0.05, 0.1, 0.15, 0.2, 0.25), deterministic=True),
+        Property("rotation", rotation, (3.0, 6.0, 9.0, 12.0, 15.0), deterministic=True),
+        Property("contrast", contrast, (1.1, 1.2, 1.3, 1.4, 1.5), deterministic=True),
+        Property("brightness", brightness_shift, (0.02, 0.04, 0.06, 0.08, 0.1), deterministic=True),
+        Property("gaussian_blur", _gaussian_blur_of_side, (0.01, 0.02, 0.03), deterministic=True),
+        replace(weather["fog"], levels=(1.0, 2.0)),
+        replace(weather["rain"], levels=(1.0, 2.0)),
+    ]
+
+
+PROPERTY_PRESETS: dict[str, Callable[[], list[Property]]] = {
+    "label_preserving": label_preserving_properties,
+    "deeptest_roads": deeptest_properties,
+    "framework": default_properties,
+}
+"""Preset name -> the function making its property list (a fresh list each call)."""
+
+
+def property_preset(name: object, argument: str = "properties") -> list[Property]:
+    """The property list of preset ``name`` (:data:`PROPERTY_PRESETS`).
+
+    - ``"label_preserving"``: :func:`label_preserving_properties`, limits relative to the image;
+    - ``"deeptest_roads"``: :func:`~dlguard.augment.deeptest_properties`, DeepTest's Table 4 for
+      640x480 road frames, plus fog and rain;
+    - ``"framework"``: :func:`~dlguard.augment.default_properties`, the comprehensive framework's trio.
+
+    Raises:
+        ValueError: naming ``argument``, for a name that is not a preset.
+
+    Example:
+        >>> len(property_preset("deeptest_roads")), len(property_preset("label_preserving"))
+        (12, 9)
+        >>> property_preset("deeptest")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: properties: no preset named 'deeptest'; choose from ['label_preserving', 'deeptest_roads', ...
+    """
+    if not isinstance(name, str) or name not in PROPERTY_PRESETS:
+        raise ValueError(
+            f"{argument}: no preset named {name!r}; choose from {list(PROPERTY_PRESETS)} or pass a list of "
+            "dlguard.augment.Property"
+        )
+    return PROPERTY_PRESETS[name]()
