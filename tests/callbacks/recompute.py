@@ -117,12 +117,13 @@ def hda_logged(callback: HDACallback, model: nn.Module | ModelAdapter, stage: st
     result = quality.compute()
     logged = {
         "hda/ae_proportion": float(result.ae_proportion),
-        "hda/prediction_loss": float(result.prediction_loss),
-        "hda/epsilon": float(result.epsilon),
         "hda/seed_density": float(run.selected_density_share.mean()),
     }
-    if run.seeds.ndim == 4:
-        logged["hda/ssim"] = float(result.ssim)
+    if int(run.ga.found.sum()):  # means over the AEs exist only when there is one
+        logged["hda/prediction_loss"] = float(result.prediction_loss)
+        logged["hda/epsilon"] = float(result.epsilon)
+        if run.seeds.ndim == 4:
+            logged["hda/ssim"] = float(result.ssim)
     if callback.heldout is not None and len(callback.heldout["labels"]):
         robustness = EmpiricalGlobalRobustness()
         robustness.update(*run.heldout_share)  # the callback's held-out cases: it passed them in

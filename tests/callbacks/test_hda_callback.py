@@ -319,3 +319,68 @@ def test_a_measurement_reads_no_value_twice(tmp_path: Path, distribution, monkey
     trainer = quick_trainer(tmp_path, [callback], val_batches=2)
     trainer.validate(ClassifierModule(pretrained("mnist_a")), datamodule=MNISTDataModule(batch_size=50), verbose=False)
     assert len(callback.history) == 1 and calls == []
+
+
+def test_a_measurement_without_an_adversarial_example_logs_no_undefined_mean(tmp_path: Path, distribution) -> None:
+    # a tiny radius and two GA iterations around confidently classified digits: no AE can be found
+    settings = {**SMALL, "radius": 1e-3, "iterations": 2, "population": 24, "mutation_std": 1e-4, "init_std": 1e-4}
+    callback = HDACallback(distribution=distribution, **settings)
+    trainer = quick_trainer(tmp_path, [callback], val_batches=2)
+    with pytest.warns(UserWarning, match=r"HDACallback: epoch 0 found no adversarial example among 6 test cases"):
+        trainer.validate(ClassifierModule(pretrained("mnist_a")), datamodule=MNISTDataModule(batch_size=50))
+    logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("hda/")}
+    assert set(logged) == {"hda/ae_proportion", "hda/seed_density", "hda/global_robustness"}
+    assert logged["hda/ae_proportion"] == 0.0 and all(math.isfinite(v) for v in logged.values())
+    assert logged == pytest.approx(hda_logged(callback, pretrained("mnist_a")), abs=1e-5)
+
+
+def test_without_a_distribution_a_pca_is_fitted_on_the_training_data(tmp_path: Path) -> None:
+    from dlguard.generate.distribution import PCADistribution
+
+    callback = HDACallback(fit_inputs=300, **SMALL)
+    trainer = quick_trainer(tmp_path, [callback], train_batches=2, val_batches=2)
+    datamodule = MNISTDataModule(batch_size=50)
+    trainer.fit(ClassifierModule(pretrained("mnist_a")), datamodule=datamodule)
+    assert isinstance(callback.distribution, PCADistribution) and callback.distribution.n_components == 32
+    # the same PCA as one fitted by hand on the training set's first 300 inputs, in its order
+    first = torch.stack([datamodule.train_set[i][0] for i in range(300)])
+    reference = PCADistribution(n_components=32).fit(first)
+    probe = callback.probe_set()
+    torch.testing.assert_close(callback.distribution.log_density(probe.inputs), reference.log_density(probe.inputs))
+    logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("hda/")}
+    assert logged == pytest.approx(hda_logged(callback, trainer.lightning_module), abs=1e-5)
+
+
+def test_without_a_distribution_or_training_data_validate_fails_naming_distribution(tmp_path: Path) -> None:
+    class ValidationOnly(L.LightningDataModule):
+        def val_dataloader(self) -> torch.utils.data.DataLoader:
+            data = MNISTDataModule()
+            data.setup()
+            return torch.utils.data.DataLoader(data.val_set, batch_size=50)
+
+    trainer = quick_trainer(tmp_path, [HDACallback(**SMALL)])
+    with pytest.raises(ValueError, match="distribution: none given and validate has no training data"):
+        trainer.validate(ClassifierModule(pretrained("mnist_a")), datamodule=ValidationOnly(), verbose=False)
+
+
+def test_noise_scaled_to_the_radius_finds_what_the_spec_s_noise_does_not() -> None:
+    """Why the callback departs from SPEC §4's GA noise: at a budget that fits in training it finds AEs."""
+    from dlguard.callbacks.hda import INIT_STD_PER_RADIUS, MUTATION_STD_PER_RADIUS
+    from dlguard.generate import two_step_ga
+
+    data = MNISTDataModule()
+    data.setup()
+    images = torch.stack([data.val_set[i][0] for i in range(100)])
+    labels = torch.tensor([data.val_set[i][1] for i in range(100)])
+    net = pretrained("mnist_a")
+    with torch.no_grad():
+        right = net(images).argmax(1) == labels
+    seeds, target = images[right][:20], labels[right][:20]
+    budget = {"population": 100, "iterations": 20, "seed": 0}
+    spec = two_step_ga(net, seeds, target, 0.1, mutation_std=0.003, init_std=0.01, **budget)
+    scaled = two_step_ga(net, seeds, target, 0.1, mutation_std=0.01, init_std=0.05, **budget)
+    assert int(spec.found[:, 0].sum()) == 0 and int(scaled.found[:, 0].sum()) >= 2
+    callback = HDACallback(radius=0.2)
+    assert callback.ga["mutation_std"] == pytest.approx(0.2 * MUTATION_STD_PER_RADIUS) == pytest.approx(0.02)
+    assert callback.ga["init_std"] == pytest.approx(0.2 * INIT_STD_PER_RADIUS) == pytest.approx(0.1)
+    assert HDACallback(mutation_std=0.003).ga["mutation_std"] == 0.003
