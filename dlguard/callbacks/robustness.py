@@ -69,8 +69,11 @@ class RobustnessCallback(ProbeCallback):
         ``robustness/<property>`` (mean ``LR_p`` over levels), ``robustness/<property>@<level>``, and
         with ``combine`` ``global_robustness/<property>`` (adder, mean over levels). With a
         ``WandbLogger``, one chart per property with its own levels (σ, θ, β...) on the x axis,
-        ``robustness/curve/<property>``, each measurement; without, ``robustness_curves.png`` when
-        the run ends. ``error_summary.json``/``.md`` go to ``<log_dir>/robustness/`` (and into the
+        ``robustness/curve/<property>``, each measurement, robustness over training as one chart per
+        property with a line per measured epoch, ``robustness/over_training/<property>``, and the per
+        class x property failure rates (``1 − LR_c,p`` over the levels, with or without ``combine``) as
+        a table, ``robustness/class_failure_rates``; without W&B, ``robustness_curves.png`` when the
+        run ends. ``error_summary.json``/``.md`` go to ``<log_dir>/robustness/`` (and into the
         W&B run) at each measurement with ``combine``.
 
     Args:
@@ -83,9 +86,9 @@ class RobustnessCallback(ProbeCallback):
         combine: the adder's combination of two labels; ``None`` measures local robustness only.
         bank: a :class:`~dlguard.data.FailureBank` to deposit failures into, or ``None``.
         max_batch: rows per forward pass (``None``: a memory budget, :func:`~dlguard.probes.default_max_batch`).
-        **options: ``every_n_epochs``, ``preprocess``, ``output_transform``, ``batch_keys``,
-            ``dataloader_idx``, ``seed`` (here also the seed of the pairs and of unkeyed random
-            properties): see :class:`~dlguard.callbacks.ProbeCallback`.
+        **options: ``every_n_epochs``, ``preprocess``, ``output_transform``, ``batch_keys``, ``dataloader_idx``,
+            ``seed`` (here also the seed of the pairs and of unkeyed random properties), ``start_epoch``,
+            ``min_accuracy``, ``redraw_every_n_epochs``: see :class:`~dlguard.callbacks.ProbeCallback`.
 
     Example:
         >>> import lightning as L
@@ -198,6 +201,13 @@ class RobustnessCallback(ProbeCallback):
             "probe_size": probe.size,
             "class_counts": probe.class_counts,
             "absent_classes": absent,
+            "class_failure_rates": {  # 1 − LR_c,p averaged over the levels; None for a class not in the probe set
+                prop.name: [
+                    None if c in absent else float(v)
+                    for c, v in enumerate((1 - local[prop.name].per_class).mean(dim=0).tolist())
+                ]
+                for prop in self.properties
+            },
         }
         logged: dict[str, float] = {}
         for prop in self.properties:
@@ -260,15 +270,34 @@ class RobustnessCallback(ProbeCallback):
     def _log_wandb(self, trainer: L.Trainer, experiment: Any, record: dict[str, Any]) -> None:
         import wandb
 
+        charts: dict[str, Any] = {}
+        epochs = [r for r in self.history if r.get("stage") == "validation"] if record["stage"] == "validation" else []
         for name, entry in record["local"].items():
             ys, keys = [entry["lr_p"]], ["LR_p (local)"]
             if name in record["global"]:
                 ys.append(record["global"][name])
                 keys.append("adder GR (global)")
-            chart = wandb.plot.line_series(
+            charts[f"robustness/curve/{name}"] = wandb.plot.line_series(
                 xs=entry["levels"], ys=ys, keys=keys, title=f"robustness under {name}", xname=f"{name} level"
             )
-            experiment.log({f"robustness/curve/{name}": chart, "trainer/global_step": trainer.global_step})
+            if epochs:  # robustness over training: one line per measured epoch, each over the property's levels
+                charts[f"robustness/over_training/{name}"] = wandb.plot.line_series(
+                    xs=entry["levels"],
+                    ys=[r["local"][name]["lr_p"] for r in epochs],
+                    keys=[f"epoch {r['epoch']}" for r in epochs],
+                    title=f"LR_p under {name}, epoch by epoch",
+                    xname=f"{name} level",
+                )
+        rows = [
+            [cls, name, rate]
+            for name, rates in record["class_failure_rates"].items()
+            for cls, rate in enumerate(rates)
+            if rate is not None
+        ]
+        charts["robustness/class_failure_rates"] = wandb.Table(
+            columns=["class", "property", "failure rate"], data=rows
+        )  # per class x property, 1 - LR_c,p over the levels: the error summary's table, with or without combine
+        experiment.log({**charts, "trainer/global_step": trainer.global_step})
 
     # ---- checkpointing ----------------------------------------------------------------------
 

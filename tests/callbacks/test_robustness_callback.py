@@ -150,3 +150,41 @@ def test_under_ddp_spawn_the_summary_covers_every_rank(tmp_path: Path) -> None:
     with (tmp_path / "metrics.csv").open() as handle:
         row = next(r for r in csv.DictReader(handle) if r.get("robustness/bright"))
     assert 0.5 < float(row["robustness/bright"]) <= 1.0
+
+
+def test_wandb_gets_robustness_over_training_and_class_failure_rates_without_combine(tmp_path: Path) -> None:
+    import wandb
+    from lightning.pytorch.loggers import WandbLogger
+
+    callback = RobustnessCallback(per_class=6)  # no combine: no adder, no error summary file
+    logger = WandbLogger(project="dlguard-test", save_dir=str(tmp_path), offline=True)
+    trainer = L.Trainer(
+        max_epochs=3, limit_train_batches=2, limit_val_batches=2, callbacks=[callback], logger=logger,
+        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(ClassifierModule(pretrained("mnist_a").train()), datamodule=MNISTDataModule(batch_size=64))
+    wandb.finish()
+    (run,) = (tmp_path / "wandb").glob("offline-run-*")
+
+    def latest_table(pattern: str) -> dict:
+        tables = sorted(run.rglob(pattern), key=lambda path: path.stat().st_mtime_ns)
+        assert tables, pattern
+        return json.loads(tables[-1].read_text())
+
+    # one chart per property, one line per measured epoch, each the LR_p curve that epoch logged
+    over_training = latest_table("robustness/over_training/rotation*table.json")
+    lines = {}
+    assert over_training["columns"] == ["step", "lineKey", "lineVal"]  # W&B's line series: x, line, y
+    for level, line, value in over_training["data"]:
+        lines.setdefault(line, []).append((level, value))
+    assert sorted(lines) == ["epoch 0", "epoch 1", "epoch 2"]
+    for record in callback.history:
+        expected = record["local"]["rotation"]["lr_p"]
+        assert [v for _, v in sorted(lines[f"epoch {record['epoch']}"])] == pytest.approx(expected, abs=1e-6)
+    # the per class x property failure rates, 1 - LR_c,p over the levels, although combine is None
+    rates = latest_table("robustness/class_failure_rates*table.json")
+    assert rates["columns"] == ["class", "property", "failure rate"] and len(rates["data"]) == 10 * 3
+    last = callback.history[-1]["class_failure_rates"]
+    for cls, name, rate in rates["data"]:
+        assert rate == pytest.approx(last[name][cls], abs=1e-6)
+    assert not (tmp_path / "robustness" / "error_summary.json").exists()
