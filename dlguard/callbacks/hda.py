@@ -226,6 +226,7 @@ class HDACallback(ProbeCallback):
         self.last_run = run
         if self.heldout is None and stage == "validation":
             self.heldout = run.heldout
+            self._warn_if_heldout_holds_no_ae(trainer, run)
         device = run.ga.logits.device
         quality = AEQuality(perceptual=("ssim",), validate_args=False).to(device)  # the GA's own outputs
         if len(run.seeds):
@@ -263,6 +264,18 @@ class HDACallback(ProbeCallback):
             "final_ae_proportion": float(_distributed.gather_cat(run.ga.ae_proportion.cpu().double()).mean()),
         }
         return record, logged
+
+    def _warn_if_heldout_holds_no_ae(self, trainer: L.Trainer, run: HDARun) -> None:
+        """R̂_g on held-out seeds without an AE is the model's accuracy on those seeds: say so, not a silent 1.0."""
+        held = len(self.heldout["labels"]) if self.heldout is not None else 0
+        found = int(_distributed.all_sum(run.ga.found[:, 0][run.held].sum().reshape(1).cpu()).item())
+        if held and not found:
+            rank_zero_warn(
+                f"HDACallback: the GA found no AE around any of the {held} held-out seeds at epoch "
+                f"{trainer.current_epoch}, so hda/global_robustness is measured on the seeds themselves: it reads "
+                "the model's accuracy on them (1.0 at first), not how far training closes AEs; raise iterations, "
+                "population or radius for held-out AEs"
+            )
 
     # ---- figures and checkpoint ----------------------------------------------------------------
 
