@@ -18,17 +18,27 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger, Logger
+from torch import Tensor
 from torchmetrics.classification import MulticlassConfusionMatrix
 
 from dlguard.augment import ScoreGuidedPadding
-from dlguard.callbacks import DScoreCallback, NeuronCoverageCallback, ProbeCallback, RobustnessCallback
+from dlguard.callbacks import (
+    DScoreCallback,
+    FailureReplay,
+    HDACallback,
+    MetamorphicCallback,
+    NeuronCoverageCallback,
+    ObjectRelevancyCallback,
+    ProbeCallback,
+    RobustnessCallback,
+)
 from dlguard.data import MNISTDataModule
 from dlguard.metrics.functional import digit_sum
 from dlguard.probes import evaluation, model_device
 from dlguard.report import log_figure, plot_image_grid, plot_training_curves
 from dlguard.zoo import ClassifierModule, mnist_a
 
-__all__ = ["DemoConfig", "default_wandb_mode", "demo_callbacks", "run_demo"]
+__all__ = ["DemoConfig", "default_wandb_mode", "demo_callbacks", "digit_masks", "run_demo"]
 
 WandbMode = Literal["offline", "online", "disabled"]
 
@@ -58,14 +68,30 @@ class DemoConfig:
         return self.epochs if self.epochs is not None else (3 if self.fast else 10)
 
 
+def digit_masks(images: Tensor) -> Tensor:
+    """The digit's strokes as its object mask: MNIST batches carry no masks."""
+    return images[:, 0] > 0.3
+
+
 def demo_callbacks(config: DemoConfig) -> list[Callback]:
-    """Every callback the demo trains with, assembled in this one place."""
+    """Every callback the demo trains with, assembled in this one place.
+
+    The four that find failures (robustness, metamorphic relations, HDA, object relevancy) deposit
+    them in one bank, and :class:`~dlguard.callbacks.FailureReplay` mixes them into a quarter of every
+    training batch; D-Score drives score-guided padding.
+    """
+    replay = FailureReplay(fraction=0.25, seed=config.seed)
+    seed, bank = config.seed, replay.bank
     return [
         TQDMProgressBar(),
         ModelCheckpoint(dirpath=config.out / "checkpoints", monitor="val_acc", mode="max"),
-        DScoreCallback(n=3, t=5, probe_size=500, guide=ScoreGuidedPadding(), seed=config.seed),
+        DScoreCallback(n=3, t=5, probe_size=500, guide=ScoreGuidedPadding(), seed=seed),
         NeuronCoverageCallback(criteria=("nc", "kmnc", "nbc", "snac", "tknc")),
-        RobustnessCallback(per_class=50, pairs=300, combine=digit_sum, seed=config.seed),
+        RobustnessCallback(per_class=50, pairs=300, combine=digit_sum, bank=bank, seed=seed),
+        MetamorphicCallback(probe_size=100, bank=bank, seed=seed),
+        HDACallback(k=10, probe_size=200, fit_inputs=1000, bank=bank, seed=seed),
+        ObjectRelevancyCallback(masks=digit_masks, probe_size=64, bank=bank, seed=seed),
+        replay,
     ]
 
 
@@ -84,6 +110,14 @@ def _callback_outputs(callbacks: list[Callback]) -> tuple[dict[str, Any], dict[s
         if isinstance(callback, RobustnessCallback) and callback.error_summary is not None:
             files["error_summary.json"] = callback.error_summary
     return summary, files, figures
+
+
+def _replay_summary(callbacks: list[Callback]) -> dict[str, Any]:
+    """What the failure bank holds by origin, and how many training rows were replaced by failures."""
+    replay = next((cb for cb in callbacks if isinstance(cb, FailureReplay)), None)
+    if replay is None:
+        return {}
+    return {"replay": {"replayed_rows": replay.replayed, "bank": replay.bank.origins()}}
 
 
 def _markdown(summary: dict[str, Any]) -> str:
@@ -187,6 +221,7 @@ def run_demo(config: DemoConfig | None = None) -> dict[str, Any]:
             **callback_summary,
             "history": history,
             "callbacks": [type(cb).__name__ for cb in callbacks],
+            **_replay_summary(callbacks),
             "wandb": config.wandb,
             "device": str(model_device(module)),
             "figures": [path.name for path in written if path is not None],

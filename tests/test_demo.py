@@ -71,6 +71,18 @@ def test_dlguard_demo_fast_end_to_end(tmp_path: Path) -> None:
     assert list(offline_runs[0].rglob("robustness/curve/rotation*table.json"))
     assert list(offline_runs[0].rglob("files/robustness/error_summary.json"))
     assert list(offline_runs[0].rglob("files/robustness/error_summary.md"))
+    # every callback measured, and the failures four of them found were replayed into training
+    names = {"MetamorphicCallback", "HDACallback", "ObjectRelevancyCallback", "FailureReplay"}
+    assert names <= set(summary["callbacks"])
+    metamorphic = json.loads((out / "metamorphic.json").read_text())
+    assert [record["epoch"] for record in metamorphic] == [0, 1, 2]
+    assert 0 < summary["metamorphic"]["violation_rate"] < 1
+    assert {"ae_proportion", "seed_density"} <= set(summary["hda"])
+    assert {"score", "preserving", "removing", "unreliable_rate"} <= set(summary["relevancy"])
+    assert all(value == value for part in ("hda", "metamorphic", "relevancy") for value in summary[part].values())
+    bank = summary["replay"]["bank"]
+    assert bank.get("robustness", 0) > 0 and bank.get("metamorphic", 0) > 0
+    assert summary["replay"]["replayed_rows"] > 0
 
 
 def test_demo_without_wandb_writes_no_wandb_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
