@@ -8,7 +8,7 @@ recipe prints NC over ``--inputs`` validation inputs at thresholds 0.2-0.75 for 
 trained from scratch for ``--epochs`` epochs on dlguard's RGB scenes with ImageNet normalisation:
 the figures behind :class:`~dlguard.callbacks.NeuronCoverageCallback`'s default threshold (0.75).
 
-Run: ``python recipes/coverage_thresholds.py`` (about 5 minutes on 2 CPU cores).
+Run: ``python recipes/coverage_thresholds.py`` (6 minutes on 2 CPU cores).
 """
 
 from __future__ import annotations

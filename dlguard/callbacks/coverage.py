@@ -85,7 +85,7 @@ class NeuronCoverageCallback(ProbeCallback):
             DeepTest's 0.2: over a whole validation set the scaled means of nearly every channel pass
             0.2 at least once, so NC at 0.2 reads 1.000 on every layer -- measured on 1,000 validation
             inputs: ``mnist_a`` and ``mnist_b`` 1.000, a ResNet-18 trained on the RGB scenes 1.000 --
-            while at 0.75 it reads 0.695, 0.386 and 0.017 and can still rise. A criterion that saturates
+            while at 0.75 it reads 0.695, 0.386 and 0.015 and can still rise. A criterion that saturates
             all the same is named in a warning, with what to change.
         sections: KMNC's ``k``.
         top_k: TKNC's ``k``.
