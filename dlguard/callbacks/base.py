@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Subset
 
+from dlguard import _distributed
 from dlguard._validation import check_values, optional_positive_int, positive_int, probability
 from dlguard.augment.guide import Guide
 from dlguard.augment.properties import Property
@@ -51,6 +52,8 @@ class ProbeOptions(TypedDict, total=False):
 
 
 _STAGES = {"validation", "test"}
+_FEW = 5
+"""A class the loader offers fewer inputs of than this does not hold back a balanced draw."""
 
 
 class ProbeCallback(Callback, ABC):
@@ -165,6 +168,7 @@ class ProbeCallback(Callback, ABC):
         self._adapter: ModelAdapter | None = None
         self._log_dir: Path | None = None
         self._draw: ProbeSetDraw | None = None
+        self._restore_draw: ProbeSetDraw | None = None  # finds a checkpoint's probe set again
         self._probes: dict[str, ProbeSet] = {}
         self._drawn_epoch: dict[str, int] = {}  # the training epoch each stage's probe set was drawn at
         self._restored_probe: dict[str, Any] | None = None
@@ -363,13 +367,15 @@ class ProbeCallback(Callback, ABC):
         due = self._redraw_due(trainer, stage, drawn)
         if stage in self._probes and not due:
             return
-        if restore is not None and not due:
-            policy = replace(policy, seed=int(restore["seed"]))
-        elif drawn is not None:  # a redraw: another seed, so even a uniform draw renews its inputs
+        context = f"{stage} loader {self.dataloader_idx}"
+        if restore is not None:  # the checkpoint's set: measured on, or kept in case a due redraw is refused
+            restored = replace(policy, seed=int(restore["seed"]))
+            self._restore_draw = ProbeSetDraw(restored, restore=torch.as_tensor(restore["keys"]), context=context)
+            if not due:
+                return
+        if drawn is not None:  # a redraw: another seed, so even a uniform draw renews its inputs
             policy = replace(policy, seed=self.seed + trainer.current_epoch)
-            restore = None
-        keys = None if restore is None else torch.as_tensor(restore["keys"])
-        self._draw = ProbeSetDraw(policy, restore=keys, context=f"{stage} loader {self.dataloader_idx}")
+        self._draw = ProbeSetDraw(policy, context=context, empty_ok=True)
 
     def _redraw_due(self, trainer: L.Trainer, stage: str, drawn: int | None) -> bool:
         if self.redraw_every_n_epochs is None or drawn is None or stage != "validation" or trainer.state.fn != "fit":
@@ -380,15 +386,17 @@ class ProbeCallback(Callback, ABC):
         if dataloader_idx != self.dataloader_idx:
             return
         if not self._read_eval_batch:  # an unusable batch fails at the first batch (the sanity check's too)
-            self._check_first_batch(batch)
-            self._read_eval_batch = True
-        if self._draw is None:
+            self._read_eval_batch = self._check_first_batch(batch)
+        if self._draw is None and self._restore_draw is None:
             return
         inputs, target = self.accessor.read(batch)
-        correct = None
-        if self._draw.restore is None and (self._draw.policy.correct_only or self._accuracy_threshold() is not None):
-            correct = correct_predictions(self.adapter, inputs, target)
-        self._draw.add(inputs, target, correct)
+        if self._restore_draw is not None:
+            self._restore_draw.add(inputs, target)
+        if self._draw is not None:
+            correct = None
+            if self._draw.policy.correct_only or self._accuracy_threshold() is not None:
+                correct = correct_predictions(self.adapter, inputs, target)
+            self._draw.add(inputs, target, correct)
 
     def _accuracy_threshold(self) -> float | None:
         """The validation accuracy a classification model must reach before it is measured, if any."""
@@ -401,8 +409,11 @@ class ProbeCallback(Callback, ABC):
         chance = 1.0 / self._logits_width
         return chance + (1.0 - chance) / 3  # a third of the way from chance to every input right
 
-    def _check_first_batch(self, batch: Any) -> None:
-        """Inputs, targets and the model's output on two inputs, checked before any work is done."""
+    def _check_first_batch(self, batch: Any) -> bool:
+        """Inputs, targets and the model's output on two inputs, checked before any work is done.
+
+        Returns whether the batch held inputs (an empty one leaves the check to the next batch).
+        """
         inputs, target = self.accessor.read(batch)
         self._check_batch(inputs, target)
         policy = self._probe_policy()
@@ -413,9 +424,19 @@ class ProbeCallback(Callback, ABC):
             if self.task == "classification":
                 self._check_logits(outputs)
                 self._logits_width = outputs.shape[1]
+        return len(inputs) > 0
 
     def _not_measurable(self, probe: ProbeSet) -> str | None:
-        """Why a freshly drawn probe set cannot be measured on yet (with the counts), or ``None``."""
+        """Why a freshly drawn probe set cannot be measured on yet (with the counts), or ``None``.
+
+        Every process reaches the same answer: the counts are global, and the width of the logits is
+        agreed (a process whose shard gave no batch learns it from the others).
+        """
+        if self.task == "classification" and self.min_accuracy == "auto":
+            width = torch.tensor([self._logits_width or 0])
+            self._logits_width = int(_distributed.gather_cat(width).max()) or None
+        if probe.size == 0:
+            return f"none of the {probe.seen} inputs qualified (classified correctly)"
         threshold = self._accuracy_threshold()
         if threshold is not None and probe.accuracy is not None and probe.accuracy < threshold:
             how = (
@@ -433,7 +454,7 @@ class ProbeCallback(Callback, ABC):
         short = {
             c: f"{probe.class_counts.get(c, 0)} of {ceil(min(policy.per_class, n) / 2)}"
             for c, n in offered.items()
-            if probe.class_counts.get(c, 0) < ceil(min(policy.per_class, n) / 2)
+            if n >= _FEW and probe.class_counts.get(c, 0) < ceil(min(policy.per_class, n) / 2)
         }
         if short:
             return (
@@ -451,6 +472,12 @@ class ProbeCallback(Callback, ABC):
         self.skipped.append({"epoch": trainer.current_epoch, "stage": stage, "reason": reason})
         rank_zero_warn(f"{type(self).__name__}: no probe set at epoch {trainer.current_epoch}: {reason}; {then}")
 
+    def _finish(self, draw: ProbeSetDraw) -> ProbeSet:
+        probe = draw.finish()
+        with torch.inference_mode(False):  # trainer.validate/test load inference tensors; keep plain ones
+            probe.inputs, probe.target = probe.inputs.clone(), probe.target.clone()
+        return probe
+
     def _check_logits(self, logits: Tensor) -> None:
         """The first batch's logits have ``num_classes`` columns, when the callback was given ``num_classes``."""
         if self.num_classes is not None and logits.shape[1] != self.num_classes:
@@ -462,18 +489,24 @@ class ProbeCallback(Callback, ABC):
     def _end(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if not self._scheduled(trainer):
             return
+        if self._restore_draw is not None:  # the checkpoint's set, found again (first: a redraw may replace it)
+            draw, self._restore_draw = self._restore_draw, None
+            self._probes[stage] = self._finish(draw)
+            self._drawn_epoch[stage] = int((self._restored_probe or {}).get("epoch", trainer.current_epoch))
+            self._restored_probe = None
         if self._draw is not None:
             draw, self._draw = self._draw, None
-            probe = draw.finish()
-            with torch.inference_mode(False):  # trainer.validate/test load inference tensors; keep plain ones
-                probe.inputs, probe.target = probe.inputs.clone(), probe.target.clone()
-            reason = None if draw.restore is not None else self._not_measurable(probe)
+            probe = self._finish(draw)
+            reason = self._not_measurable(probe)
+            if reason is not None and trainer.state.fn != "fit":  # asked for numbers now: measure, but say so
+                rank_zero_warn(
+                    f"{type(self).__name__}: the {stage} numbers come from a model that cannot be measured well: "
+                    f"{reason}"
+                )
+                reason = None
             if reason is None:
-                restored = self._restored_probe if draw.restore is not None else None
                 self._probes[stage] = probe
-                self._drawn_epoch[stage] = int((restored or {}).get("epoch", trainer.current_epoch))
-                if stage == "validation":
-                    self._restored_probe = None
+                self._drawn_epoch[stage] = trainer.current_epoch
             else:
                 self._skip(trainer, stage, reason, kept=stage in self._probes)
         probe = self._probes.get(stage)
@@ -488,7 +521,8 @@ class ProbeCallback(Callback, ABC):
                 f"{probe.size if probe is not None else 0} probe inputs) and are not logged"
             )
         self._measured_in_fit |= trainer.state.fn == "fit"
-        record = {"epoch": trainer.current_epoch, "stage": stage, **record, "logged": logged}
+        fn = getattr(trainer.state.fn, "value", trainer.state.fn)  # "fit", "validate" or "test"
+        record = {"epoch": trainer.current_epoch, "stage": stage, "fn": fn, **record, "logged": logged}
         self.history.append(record)
         if logged:
             # every rank holds the same global numbers; sync_dist averages identical values (exact)
@@ -532,7 +566,7 @@ class ProbeCallback(Callback, ABC):
         self._end(trainer, pl_module, "test")
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self._draw = None  # a draw cut short must not be finished by a later run
+        self._draw = self._restore_draw = None  # a draw cut short must not be finished by a later run
 
     # ---- figures and files -------------------------------------------------------------------
 

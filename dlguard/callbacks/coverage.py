@@ -213,8 +213,7 @@ class NeuronCoverageCallback(ProbeCallback):
 
     def _step_starts(self, batch: Any, batch_idx: int, dataloader_idx: int) -> None:
         if not self._read_eval_batch:  # an unreadable batch fails at the first batch (the sanity check's too)
-            self._check_first_batch(batch)
-            self._read_eval_batch = True
+            self._read_eval_batch = self._check_first_batch(batch)
         self._recording = bool(self._handles)
         if self._recording:  # the layer outputs of NaN inputs would poison every criterion: say which batch
             inputs = self.accessor.inputs(batch)
@@ -295,14 +294,15 @@ class NeuronCoverageCallback(ProbeCallback):
             "tknc": f"lower top_k (now {self.top_k})",
         }
         for criterion in self.criteria:
-            if record[criterion] < SATURATED:
+            if not record[criterion] >= SATURATED:  # NaN is not saturation
                 continue
             layers = [name for name, ratio in record["per_layer"][criterion].items() if ratio >= 1.0]
             shown = ", ".join(layers[:6]) + (f" and {len(layers) - 6} more" if len(layers) > 6 else "")
             rank_zero_warn(
                 f"NeuronCoverageCallback: {criterion} is saturated at epoch {trainer.current_epoch} "
                 f"({record[criterion]:.3f}; every neuron covered in {len(layers)} of "
-                f"{len(record['per_layer'][criterion])} layers: {shown}), so it cannot rise with new inputs and "
+                f"{len(record['per_layer'][criterion])} layers: {shown or 'none, each nearly'}), so it can hardly "
+                "rise with new inputs and "
                 f"measures nothing; {advice[criterion]}"
             )
 

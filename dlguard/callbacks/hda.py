@@ -12,7 +12,8 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from dlguard import _distributed
-from dlguard._validation import optional_positive_int, positive_int, probability
+from dlguard._random import content_keys
+from dlguard._validation import check_values, optional_positive_int, positive_int, probability
 from dlguard.callbacks.base import ProbeCallback, ProbeOptions
 from dlguard.data.failure_bank import FailureBank
 from dlguard.data.probe_set import ProbeSet, ProbeSetPolicy
@@ -151,6 +152,7 @@ class HDACallback(ProbeCallback):
         super().__init__(**options)
         self.distribution, self.k, self.probe_size, self.radius = distribution, k, probe_size, float(radius)
         self.fit_inputs = fit_inputs
+        self._fitted_here = False  # the default distribution, fitted by this callback (kept in its checkpoint)
         self.indicator, self.ga = indicator, ga
         """The GA's arguments (``population``, ``iterations``, ``num_best``, ``perceptual``, ``alpha``...)."""
         self.holdout = probability("holdout", holdout)
@@ -189,13 +191,19 @@ class HDACallback(ProbeCallback):
     def _fit_distribution(self, trainer: L.Trainer) -> GlobalDistribution:
         """The default distribution: a PCA of the first ``fit_inputs`` training inputs, alike on every rank."""
         parts, held = [], 0
-        for batch in self._training_loader(trainer, shard=False, argument="distribution"):
-            inputs = self.accessor.inputs(batch)
-            parts.append(inputs[: self.fit_inputs - held].detach().cpu())
-            held += len(parts[-1])
-            if held >= self.fit_inputs:
-                break
+        with torch.random.fork_rng(devices=[]):  # random training transforms: the same draws on every rank, every run
+            torch.manual_seed(self.seed)
+            for batch in self._training_loader(trainer, shard=False, argument="distribution"):
+                inputs = self.accessor.inputs(batch)
+                parts.append(inputs[: self.fit_inputs - held].detach().cpu())
+                held += len(parts[-1])
+                if held >= self.fit_inputs:
+                    break
+        if held < 2:
+            raise ValueError(f"distribution: none given and the training data gave {held} input(s) to fit one on")
         inputs = torch.cat(parts).float()
+        hint = "the default distribution is fitted on training inputs in [0, 1]; pass distribution= for other inputs"
+        check_values("inputs (training data for the default distribution)", inputs, (0.0, 1.0), hint)
         components = min(32, len(inputs), inputs[0].numel())
         return PCADistribution(n_components=components).fit(inputs).to(self.adapter.device)
 
@@ -207,6 +215,8 @@ class HDACallback(ProbeCallback):
         assert probe is not None
         if self.distribution is None:  # fitted once, on the training data (pixel space, as the probe set)
             self.distribution = self._fit_distribution(trainer)
+            self._fitted_here = True
+        self.distribution.to(self.adapter.device)
         run = hda_test(
             self.adapter,
             probe.inputs,
@@ -215,7 +225,7 @@ class HDACallback(ProbeCallback):
             k=self.k,
             radius=self.radius,
             indicator=self.indicator,  # type: ignore[arg-type]
-            keys=probe.keys,
+            keys=probe.keys if probe.seed == self.seed else content_keys(probe.inputs, self.seed),  # a redrawn set
             seed=self.seed,
             max_batch=self.max_batch,
             holdout=self.holdout,
@@ -268,7 +278,8 @@ class HDACallback(ProbeCallback):
     def _warn_if_heldout_holds_no_ae(self, trainer: L.Trainer, run: HDARun) -> None:
         """R̂_g on held-out seeds without an AE is the model's accuracy on those seeds: say so, not a silent 1.0."""
         held = len(self.heldout["labels"]) if self.heldout is not None else 0
-        found = int(_distributed.all_sum(run.ga.found[:, 0][run.held].sum().reshape(1).cpu()).item())
+        found_here = run.ga.found[:, 0][run.held.to(run.ga.found.device)].sum().reshape(1).cpu()
+        found = int(_distributed.all_sum(found_here).item())
         if held and not found:
             rank_zero_warn(
                 f"HDACallback: the GA found no AE around any of the {held} held-out seeds at epoch "
@@ -302,7 +313,12 @@ class HDACallback(ProbeCallback):
         return {"hda/gallery": plot_image_grid(images, labels, columns=min(8, len(images)))}
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"heldout": self.heldout}
+        fitted = self._fitted_here and self.distribution is not None
+        return {"heldout": self.heldout, "distribution": self.distribution.state_dict() if fitted else None}
 
     def _load_extra_state(self, state: Mapping[str, Any]) -> None:
         self.heldout = state.get("heldout")
+        if state.get("distribution") is not None and (self.distribution is None or self._fitted_here):
+            self.distribution = PCADistribution()  # the one fitted before the checkpoint, not a refit
+            self.distribution.load_state_dict(state["distribution"])
+            self._fitted_here = True

@@ -128,6 +128,7 @@ class ObjectRelevancyCallback(ProbeCallback):
         """This process's latest :class:`~dlguard.generate.ObjectRelevancyRun`, or ``None``."""
         self._seen_masks: dict[int, Tensor] = {}
         self._checked_masks = False
+        self._fresh_keys: set[int] = set()  # keys (with the fresh draw's seed) of the inputs it may still choose
         self._gallery: tuple[Tensor, list[str]] | None = None
 
     @property
@@ -175,7 +176,8 @@ class ObjectRelevancyCallback(ProbeCallback):
 
     def _collect(self, pl_module: L.LightningModule, batch: Any, dataloader_idx: int) -> None:
         super()._collect(pl_module, batch, dataloader_idx)
-        if dataloader_idx != self.dataloader_idx or (self._draw is None and self._checked_masks):
+        draws = [draw for draw in (self._draw, self._restore_draw) if draw is not None]
+        if dataloader_idx != self.dataloader_idx or (not draws and self._checked_masks):
             return
         inputs, _ = self.accessor.read(batch)
         masks = self._read_masks(batch, inputs)
@@ -186,16 +188,22 @@ class ObjectRelevancyCallback(ProbeCallback):
                 "relevancy needs an object in every input"
             )
         self._checked_masks = True
-        if self._draw is None:
+        if not draws:
             return
-        keys = content_keys(inputs, self._draw.policy.seed).tolist()
-        for key, mask in zip(keys, masks.cpu(), strict=True):
-            self._seen_masks[int(key)] = mask
-        if len(self._seen_masks) > 2 * self.probe_size:  # keep the masks the draw can still choose, not the whole set
-            restore = self._draw.restore
-            drawn = {int(k) for probe in self._probes.values() for k in probe.keys.tolist()}  # other stages' sets
-            candidates = sorted(key for key in self._seen_masks if key not in drawn)
-            wanted = drawn | (set(restore.tolist()) if restore is not None else set(candidates[: self.probe_size]))
+        fresh: set[int] = set()
+        for draw in draws:  # a fresh draw and a checkpoint's set may key the inputs with different seeds
+            keys = [int(key) for key in content_keys(inputs, draw.policy.seed).tolist()]
+            if draw is self._draw:
+                fresh.update(keys)
+            for key, mask in zip(keys, masks.cpu(), strict=True):
+                self._seen_masks[key] = mask
+        self._fresh_keys |= fresh
+        if len(self._seen_masks) > 3 * self.probe_size:  # keep the masks a draw can still choose, not the whole set
+            wanted = {int(k) for probe in self._probes.values() for k in probe.keys.tolist()}  # kept sets
+            if self._restore_draw is not None and self._restore_draw.restore is not None:
+                wanted |= set(self._restore_draw.restore.tolist())
+            wanted |= set(sorted(self._fresh_keys - wanted)[: self.probe_size])  # the fresh draw's smallest keys
+            self._fresh_keys &= wanted
             self._seen_masks = {key: mask for key, mask in self._seen_masks.items() if key in wanted}
 
     def _backgrounds_for(self, inputs: Tensor) -> Tensor:
@@ -220,6 +228,7 @@ class ObjectRelevancyCallback(ProbeCallback):
         masks = torch.stack([self._seen_masks[key] for key in keys.tolist()]) if len(keys) else None
         kept = {int(k) for every in self._probes.values() for k in every.keys.tolist()}
         self._seen_masks = {key: mask for key, mask in self._seen_masks.items() if key in kept}
+        self._fresh_keys = set()
         backgrounds = self._backgrounds_for(inputs)
         follow_ups = None
         if masks is not None:

@@ -271,7 +271,7 @@ class RobustnessCallback(ProbeCallback):
         import wandb
 
         charts: dict[str, Any] = {}
-        epochs = [r for r in self.history if r.get("stage") == "validation"] if record["stage"] == "validation" else []
+        epochs = [r for r in self.history if r.get("fn") == "fit"] if record.get("fn") == "fit" else []
         for name, entry in record["local"].items():
             ys, keys = [entry["lr_p"]], ["LR_p (local)"]
             if name in record["global"]:

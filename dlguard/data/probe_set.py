@@ -148,6 +148,9 @@ class ProbeSetDraw:
         policy: the draw.
         restore: keys of an earlier draw to find again.
         context: where the batches come from, for error messages (e.g. ``"validation loader 0"``).
+        empty_ok: when batches came but none qualified (a ``correct_only`` draw of a model that gets
+            nothing right), return the empty set instead of raising: for a caller that waits until the
+            model can be measured (the callbacks).
 
     Example:
         >>> import torch
@@ -165,8 +168,14 @@ class ProbeSetDraw:
         True
     """
 
-    def __init__(self, policy: ProbeSetPolicy, restore: Tensor | None = None, context: str = "the batches") -> None:
-        self.policy, self.context = policy, context
+    def __init__(
+        self,
+        policy: ProbeSetPolicy,
+        restore: Tensor | None = None,
+        context: str = "the batches",
+        empty_ok: bool = False,
+    ) -> None:
+        self.policy, self.context, self.empty_ok = policy, context, empty_ok
         self.restore = None if restore is None else restore.long()
         self._inputs: Tensor | None = None
         self._target: Tensor | None = None
@@ -312,4 +321,5 @@ class ProbeSetDraw:
                 f"probe set: none of the {len(self.restore)} inputs kept in the checkpoint is in {self.context}; "
                 "the data changed since the checkpoint was written"
             )
-        raise ValueError(f"probe set: none of the {seen} inputs in {self.context} is classified correctly")
+        if not self.empty_ok:
+            raise ValueError(f"probe set: none of the {seen} inputs in {self.context} is classified correctly")

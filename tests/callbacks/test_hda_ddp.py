@@ -28,13 +28,14 @@ def test_the_callback_pickles() -> None:
     """ddp_spawn pickles the trainer's callbacks (and so the fitted distribution) into its workers."""
     replay = FailureReplay()
     copy = pickle.loads(pickle.dumps(HDACallback(distribution=_distribution(), bank=replay.bank)))
-    assert copy.distribution.is_fitted and copy.k == 10 and copy.ga["population"] == 1000
+    assert copy.distribution.is_fitted and copy.k == 10 and copy.ga["population"] == 100
 
 
 def _run(tmp_path: Path, devices: int) -> dict[str, float]:
     extra = {"strategy": "ddp_spawn"} if devices > 1 else {}
     replay = FailureReplay()
-    callback = HDACallback(distribution=_distribution(), bank=replay.bank)  # default arguments: k 10, N 1000, T 100
+    # default arguments: k 10, N 100, T 30, and a PCA distribution each process fits on the same training inputs
+    callback = HDACallback(bank=replay.bank)
     trainer = quick_trainer(tmp_path, [callback, replay], val_batches=1.0, accelerator="cpu", devices=devices, **extra)
     # validate(): no training step, so both runs measure the same weights on the same 1,000 validation digits
     trainer.validate(ClassifierModule(pretrained("mnist_a")), datamodule=MNISTDataModule(batch_size=250))
@@ -48,7 +49,7 @@ def _run(tmp_path: Path, devices: int) -> dict[str, float]:
 @pytest.mark.slow
 def test_two_processes_report_what_one_process_reports(tmp_path: Path) -> None:
     single, double = _run(tmp_path / "one", 1), _run(tmp_path / "two", 2)
-    assert set(single) == LOGGED
-    assert single.keys() == double.keys()
+    assert {"hda/ae_proportion", "hda/seed_density"} <= set(single) <= LOGGED
+    assert single.keys() == double.keys() and all(math.isfinite(value) for value in single.values())
     for key, value in single.items():
-        assert double[key] == pytest.approx(value, abs=1e-6) or (math.isnan(value) and math.isnan(double[key])), key
+        assert double[key] == pytest.approx(value, abs=1e-6), key

@@ -196,3 +196,83 @@ def test_a_resumed_run_redraws_when_an_uninterrupted_run_does(tmp_path: Path) ->
     for before, after in zip(whole_callbacks[:2], resumed_callbacks[:2], strict=True):
         assert torch.equal(before.probe_set().all_keys, after.probe_set().all_keys)
         assert before.probe_set().seed == after.probe_set().seed == 3
+
+
+class CollapsesAt(LearnsAtEpoch):
+    """``mnist_a``, collapsed onto class 0 at the training epochs in ``collapsed`` only."""
+
+    def __init__(self, collapsed: set[int]) -> None:
+        super().__init__(learns_at=0)
+        self.collapsed = collapsed
+
+    def forward(self, x: Tensor) -> Tensor:
+        logits = self.net(x)
+        if self._trainer is None or self.trainer.current_epoch not in self.collapsed:
+            return logits
+        out = torch.full_like(logits, -10.0)
+        out[:, 0] = 10.0
+        return out + 0 * logits
+
+
+def test_a_refused_redraw_keeps_the_set_in_use_and_a_resumed_run_does_the_same(tmp_path: Path) -> None:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def run(root: Path, ckpt: Path | None = None) -> DScoreCallback:
+        dscore = DScoreCallback(n=2, probe_size=30, redraw_every_n_epochs=2)
+        saver = ModelCheckpoint(dirpath=root / "checkpoints", save_top_k=-1, every_n_epochs=1)
+        trainer = quick_trainer(root, [dscore, saver], epochs=4, train_batches=2, val_batches=4)
+        trainer.fit(CollapsesAt({2}), datamodule=MNISTDataModule(batch_size=50), ckpt_path=ckpt)
+        return dscore
+
+    whole = run(tmp_path / "whole")
+    # drawn at 0; the redraw due at 2 meets a collapsed model and is refused, so epoch 2 is measured on the
+    # epoch-0 set; at 3 the redraw is tried again and kept (seed 0 + 3)
+    assert [s["epoch"] for s in whole.skipped] == [2] and [r["epoch"] for r in whole.history] == [0, 1, 2, 3]
+    assert whole.history[2]["baseline_acc"] < 0.2 and whole.probe_set().seed == 3
+    resumed = run(tmp_path / "resumed", next((tmp_path / "whole" / "checkpoints").glob("epoch=1*.ckpt")))
+    assert [s["epoch"] for s in resumed.skipped] == [2]
+    assert [r["logged"] for r in resumed.history[-2:]] == [r["logged"] for r in whole.history[-2:]]
+    assert torch.equal(resumed.probe_set().all_keys, whole.probe_set().all_keys)
+
+
+class NothingRight(ClassifierModule):
+    """Eleven logits, the eleventh (no digit's) always the largest: no input is classified correctly."""
+
+    def __init__(self) -> None:
+        super().__init__(pretrained("mnist_a"), num_classes=11, lr=1e-6)
+
+    def forward(self, x: Tensor) -> Tensor:
+        logits = self.net(x)
+        return torch.cat([logits, logits.amax(1, keepdim=True) + 1], dim=1)
+
+
+def test_a_model_that_gets_nothing_right_is_waited_for_not_crashed_on(tmp_path: Path) -> None:
+    robustness = RobustnessCallback(per_class=3, min_accuracy=None)
+    with pytest.warns(UserWarning, match=r"no probe set at epoch 0: none of the 200 inputs qualified"):
+        fit(tmp_path, [robustness], NothingRight(), epochs=1)
+    assert robustness.history == []
+
+
+def test_validate_measures_a_model_that_cannot_be_measured_well_and_says_so(tmp_path: Path) -> None:
+    dscore = DScoreCallback(n=2, probe_size=20)
+    trainer = quick_trainer(tmp_path, [dscore], val_batches=4)
+    with pytest.warns(UserWarning, match=r"the validation numbers come from a model that cannot be measured well"):
+        trainer.validate(LearnsAtEpoch(learns_at=5), datamodule=MNISTDataModule(batch_size=50), verbose=False)
+    assert len(dscore.history) == 1 and dscore.history[0]["baseline_acc"] < 0.2
+
+
+def test_a_number_without_a_value_is_left_out_with_a_warning(tmp_path: Path) -> None:
+    from dlguard.callbacks import ProbeCallback
+
+    class Undefined(ProbeCallback):
+        prefix = "undefined"
+
+        def _measure(self, trainer, pl_module, probe, stage):
+            return {}, {"undefined/nan": float("nan"), "undefined/one": 1.0}
+
+    callback = Undefined()
+    trainer = quick_trainer(tmp_path, [callback], val_batches=1)
+    with pytest.warns(UserWarning, match=r"\['undefined/nan'\] have no value at epoch 0 .* not logged"):
+        trainer.validate(ClassifierModule(pretrained("mnist_a")), datamodule=MNISTDataModule(batch_size=50))
+    assert callback.history[0]["logged"] == {"undefined/one": 1.0}
+    assert "undefined/nan" not in trainer.callback_metrics
