@@ -1,0 +1,165 @@
+"""What each callback costs: a validation epoch with it, against the plain validation epoch, in one run.
+
+    python benchmarks/callback_cost.py [--model mnist_a|resnet18] [--val-size 500] [--device cpu|cuda]
+
+For each dlguard callback alone at its default settings, and for all six together, one
+``trainer.validate`` over ``--val-size`` validation inputs (batches of 100) is timed against the same
+``trainer.validate`` without callbacks, and the script prints
+
+- the ratio of the two wall times (what attaching the callback costs a validation epoch), and
+- the callback's throughput: the images its own forward passes pushed through the model, per second
+  of the time it added, over the plain loop's images per second (1.0: the callback's passes run as
+  fast as validation's own; the issue's target is at least 0.8).
+
+Models: ``mnist_a`` (shipped weights) on the embedded MNIST; ``resnet18``, torchvision's ResNet-18
+with a 3x3 stride-1 stem, untrained, on dlguard's 32x32 RGB scenes with ImageNet normalisation as
+``preprocess`` (``min_accuracy=None``, so an untrained network is measured: this times the work, not
+its meaning). HDA gets a PCA distribution fitted beforehand on 2,000 training inputs (the callback
+fits the same one itself, once per fit). Probe sets are drawn inside the timed validation, as at a
+callback's first measurement. Forward passes are counted with a hook on the network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import torch
+import torchvision
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from dlguard.callbacks import (
+    DScoreCallback,
+    HDACallback,
+    MetamorphicCallback,
+    NeuronCoverageCallback,
+    ObjectRelevancyCallback,
+    RobustnessCallback,
+)
+from dlguard.data import MNISTDataModule, SceneDataModule
+from dlguard.generate.distribution import PCADistribution
+from dlguard.zoo import ClassifierModule, pretrained
+
+MEAN, STD = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+
+
+class Normalize(nn.Module):
+    """ImageNet's normalisation, as the ResNet-18 expects its input."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return (x - MEAN.to(x.device)) / STD.to(x.device)
+
+
+class Classifier(ClassifierModule):
+    """``ClassifierModule`` whose steps read ``(image, label, ...)`` and normalise when told to."""
+
+    def __init__(self, net: nn.Module, normalize: bool) -> None:
+        super().__init__(net)
+        self.normalize = Normalize() if normalize else nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        images, labels = batch[0], batch[1]
+        self.log("val_acc", (self(self.normalize(images)).argmax(1) == labels).float().mean())
+
+
+class Data(L.LightningDataModule):
+    """Fixed training and validation sets, batches of 100."""
+
+    def __init__(self, train: Dataset, val: Dataset) -> None:
+        super().__init__()
+        self.train, self.val = train, val
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train, batch_size=100)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val, batch_size=100)
+
+
+def setting(model: str, val_size: int) -> tuple[nn.Module, Data, dict[str, Any], Tensor]:
+    if model == "mnist_a":
+        data = MNISTDataModule()
+        data.setup()
+        train = torch.stack([data.train_set[i][0] for i in range(2000)])
+        return pretrained("mnist_a"), Data(data.train_set, Subset(data.val_set, range(val_size))), {}, train
+    scenes = SceneDataModule()
+    scenes.setup()
+    net = torchvision.models.resnet18(weights=None, num_classes=10)
+    net.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+    net.maxpool = nn.Identity()
+    options = {"preprocess": Normalize(), "min_accuracy": None}
+    return net, Data(scenes.train_set, Subset(scenes.val_set, range(val_size))), options, scenes.train_set.images[:2000]
+
+
+def callbacks(options: dict[str, Any], train: Tensor) -> dict[str, Callable[[], L.Callback]]:
+    distribution = PCADistribution().fit(train)
+    masks = {"masks": lambda x: x.amax(1) > 0.3} if train.shape[1] == 1 else {}
+    return {
+        "DScoreCallback": lambda: DScoreCallback(**options),
+        "NeuronCoverageCallback": lambda: NeuronCoverageCallback(
+            **{k: v for k, v in options.items() if k != "min_accuracy"}
+        ),
+        "RobustnessCallback": lambda: RobustnessCallback(**options),
+        "MetamorphicCallback": lambda: MetamorphicCallback(**options),
+        "HDACallback": lambda: HDACallback(distribution=distribution, **options),
+        "ObjectRelevancyCallback": lambda: ObjectRelevancyCallback(**masks, **options),
+    }
+
+
+def validate(module: L.LightningModule, data: Data, attached: list[L.Callback], device: str) -> tuple[float, int]:
+    """Seconds of one ``trainer.validate`` and the images the network's forward passes took."""
+    rows = [0]
+    handle = module.net.register_forward_hook(lambda net, args, out: rows.__setitem__(0, rows[0] + len(args[0])))
+    trainer = L.Trainer(
+        accelerator=device, devices=1, callbacks=attached, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=False,
+    )  # fmt: skip
+    start = time.perf_counter()
+    trainer.validate(module, datamodule=data, verbose=False)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    handle.remove()
+    return seconds, rows[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=("mnist_a", "resnet18"), default="mnist_a")
+    parser.add_argument("--val-size", type=int, default=500)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    torch.manual_seed(0)
+    net, data, options, train = setting(args.model, args.val_size)
+    module = Classifier(net, normalize=args.model == "resnet18")
+    makers = callbacks(options, train)
+    validate(module, data, [], args.device)  # warm-up
+    plain, plain_rows = validate(module, data, [], args.device)
+    plain_rate = plain_rows / plain
+    print(f"{args.model}, {args.val_size} validation inputs, {args.device}: plain validation {plain:.2f} s "
+          f"({plain_rate:.0f} images/s)\n")  # fmt: skip
+    print("| callback | validation with it | ratio | images its passes took | its images/s over the loop's |")
+    print("| --- | --- | --- | --- | --- |")
+    runs = {name: [make()] for name, make in makers.items()}
+    runs["all six together"] = [make() for make in makers.values()]
+    for name, attached in runs.items():
+        seconds, rows = validate(module, data, attached, args.device)
+        extra_rows, extra_seconds = rows - plain_rows, max(seconds - plain, 1e-9)
+        speed = extra_rows / extra_seconds / plain_rate
+        print(f"| {name} | {seconds:.2f} s | {seconds / plain:.1f}x | {extra_rows} | {speed:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
