@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -46,6 +47,7 @@ from dlguard.data import MNISTDataModule, SceneDataModule
 from dlguard.generate.distribution import PCADistribution
 from dlguard.zoo import ClassifierModule, pretrained
 
+ROOT = tempfile.mkdtemp(prefix="dlguard-callback-cost-")  # the callbacks' end-of-run figures land here
 MEAN, STD = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
 
 
@@ -121,7 +123,7 @@ def validate(module: L.LightningModule, data: Data, attached: list[L.Callback], 
     handle = module.net.register_forward_hook(lambda net, args, out: rows.__setitem__(0, rows[0] + len(args[0])))
     trainer = L.Trainer(
         accelerator=device, devices=1, callbacks=attached, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, enable_checkpointing=False,
+        enable_model_summary=False, enable_checkpointing=False, default_root_dir=ROOT,
     )  # fmt: skip
     start = time.perf_counter()
     trainer.validate(module, datamodule=data, verbose=False)
