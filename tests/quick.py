@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from lightning.pytorch.loggers import CSVLogger
+from torch import Tensor
 
 
 def quick_trainer(
@@ -41,6 +43,16 @@ def quick_trainer(
         callbacks=callbacks,
         **(settings | kwargs),
     )
+
+
+def mnist_validation(count: int) -> tuple[Tensor, Tensor]:
+    """The first ``count`` digits of the embedded MNIST validation set: images ``(count, 1, 28, 28)``, labels."""
+    from dlguard.data import MNISTDataModule
+
+    data = MNISTDataModule()
+    data.setup()
+    images = torch.stack([data.val_set[i][0] for i in range(count)])
+    return images, torch.tensor([data.val_set[i][1] for i in range(count)])
 
 
 _WORKER_TIMEOUT_S = 120

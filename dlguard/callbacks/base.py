@@ -173,6 +173,7 @@ class ProbeCallback(Callback, ABC):
         self._drawn_epoch: dict[str, int] = {}  # the training epoch each stage's probe set was drawn at
         self._restored_probe: dict[str, Any] | None = None
         self._logits_width: int | None = None  # K, read at the first evaluation batch
+        self._skipped_before_fit = 0
         self.skipped: list[dict[str, Any]] = []
         """Scheduled measurements that did not happen because the model could not be measured yet:
         ``{"epoch", "stage", "reason"}`` each, the reason with its counts (also said in a warning)."""
@@ -272,6 +273,7 @@ class ProbeCallback(Callback, ABC):
             self.guide.to(pl_module.device)
         if stage == "fit":
             self._measured_in_fit = False
+            self._skipped_before_fit = len(self.skipped)
             self._warn_if_never_scheduled(trainer)
         self._warn_if_drawn_globally(trainer)
 
@@ -612,7 +614,7 @@ class ProbeCallback(Callback, ABC):
         if self._measured_in_fit or not scheduled or trainer.limit_val_batches == 0:
             return
         batches = list(trainer.num_val_batches)
-        if self.skipped:
+        if len(self.skipped) > self._skipped_before_fit:  # this fit's own refusals, not a resumed run's earlier ones
             warnings.warn(
                 f"{type(self).__name__}: measured nothing in this fit: at each of the {len(scheduled)} scheduled "
                 f"validation epoch(s) the model could not be measured yet; the last: {self.skipped[-1]['reason']} "
@@ -662,6 +664,7 @@ class ProbeCallback(Callback, ABC):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = list(state_dict.get("history", []))
         self.skipped = list(state_dict.get("skipped", []))
+        self._skipped_before_fit = len(self.skipped)  # a resumed fit warns about its own refusals only
         self._probes.pop("validation", None)
         self._drawn_epoch.pop("validation", None)
         self._restored_probe = state_dict.get("probe")

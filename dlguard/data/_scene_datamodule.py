@@ -10,6 +10,7 @@ them the same way; :class:`_EmbeddedSceneDataModule` holds what they share.
 from __future__ import annotations
 
 import functools
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from numbers import Integral
 from typing import Any, Generic, TypeVar
@@ -52,7 +53,7 @@ def _check_loader_args(batch_size: object, num_workers: object, train_size: obje
         raise ValueError(f"train_size: expected 10..4990 of the 5,000 embedded images, got {train_size!r}")
 
 
-class _EmbeddedSceneDataModule(L.LightningDataModule, Generic[_SceneSet]):
+class _EmbeddedSceneDataModule(L.LightningDataModule, ABC, Generic[_SceneSet]):
     """What the scene datamodules share: their common arguments, the split of the embedded sample, the loaders.
 
     A subclass checks ``size`` (``_check_scene_size``) and its own arguments first, then calls this
@@ -81,9 +82,9 @@ class _EmbeddedSceneDataModule(L.LightningDataModule, Generic[_SceneSet]):
         self.train_set: _SceneSet | None = None
         self.val_set: _SceneSet | None = None
 
+    @abstractmethod
     def _make_sets(self, train_x: Tensor, train_y: Tensor, val_x: Tensor, val_y: Tensor) -> tuple[_SceneSet, _SceneSet]:
         """The training and validation sets of the split digits ``(uint8 (N, 28, 28), labels (N,))``."""
-        raise NotImplementedError
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:

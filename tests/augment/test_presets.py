@@ -4,14 +4,12 @@ import pytest
 import torch
 
 from dlguard.augment import PROPERTY_PRESETS, deeptest_properties, label_preserving_properties, property_preset
-from dlguard.data import MNISTDataModule
+from tests.quick import mnist_validation
 
 
 @pytest.fixture(scope="module")
 def digits() -> torch.Tensor:
-    data = MNISTDataModule()
-    data.setup()
-    return torch.stack([data.val_set[i][0] for i in range(300)])
+    return mnist_validation(300)[0]
 
 
 def by_name(properties: list) -> dict:

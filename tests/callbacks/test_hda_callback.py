@@ -22,7 +22,7 @@ from tests.callbacks.projects import DigitDicts, NormalizedDigits, normalize
 from tests.callbacks.recompute import hda_logged
 from tests.callbacks.test_projects import SignalClassifier, Signals
 from tests.probes.fingerprint import assert_unchanged, fingerprint
-from tests.quick import quick_trainer
+from tests.quick import mnist_validation, quick_trainer
 
 KEYS = ("image", "label")
 LOGGED = {
@@ -372,10 +372,7 @@ def test_noise_scaled_to_the_radius_finds_what_the_spec_s_noise_does_not() -> No
     from dlguard.callbacks.hda import INIT_STD_PER_RADIUS, MUTATION_STD_PER_RADIUS
     from dlguard.generate import two_step_ga
 
-    data = MNISTDataModule()
-    data.setup()
-    images = torch.stack([data.val_set[i][0] for i in range(100)])
-    labels = torch.tensor([data.val_set[i][1] for i in range(100)])
+    images, labels = mnist_validation(100)
     net = pretrained("mnist_a")
     with torch.no_grad():
         right = net(images).argmax(1) == labels

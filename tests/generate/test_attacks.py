@@ -96,13 +96,10 @@ def test_pgd_equals_an_independent_loop(random_start: bool) -> None:
 
 
 def test_pgd_beats_fgsm_and_flips_mnist_digits() -> None:
-    from dlguard.data import MNISTDataModule
     from dlguard.zoo import pretrained
+    from tests.quick import mnist_validation
 
-    dm = MNISTDataModule()
-    dm.setup()
-    x = torch.stack([dm.val_set[i][0] for i in range(64)])
-    y = torch.tensor([dm.val_set[i][1] for i in range(64)])
+    x, y = mnist_validation(64)
     net = pretrained("mnist_a")
     fast, projected = fgsm(net, x, y, eps=0.1), pgd(net, x, y, eps=0.1)
     wide = pgd(net, x, y, eps=0.2, step=0.04, steps=10)
