@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -49,3 +51,17 @@ def all_sum(tensor: Tensor) -> Tensor:
     total = tensor.to(_collective_device(tensor), copy=True)
     dist.all_reduce(total, op=dist.ReduceOp.SUM)
     return total.to(tensor.device)
+
+
+def settle(timeout_s: float = 60.0) -> None:
+    """Wait until every rank gets here, so gloo's threads are done with the run's last collective.
+
+    A Lightning ``ddp_spawn`` worker exits right after ``fit``. When gloo's worker thread releases
+    the run's last collective (Lightning's ``sync_dist`` reduction of the logged numbers) while the
+    interpreter is finalising, freeing the work's tensors needs the GIL and the worker aborts
+    ("terminate called without an active exception", SIGABRT). A barrier at teardown takes a round
+    trip between the ranks, long after that release. Gloo only (NCCL's teardown is Lightning's); a
+    no-op in one process.
+    """
+    if world_size() > 1 and dist.get_backend() == "gloo":
+        dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))

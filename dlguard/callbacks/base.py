@@ -567,6 +567,9 @@ class ProbeCallback(Callback, ABC):
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._end(trainer, pl_module, "test")
 
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        _distributed.settle()  # a ddp_spawn worker may exit right after: let gloo finish first
+
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._draw = self._restore_draw = None  # a draw cut short must not be finished by a later run
 

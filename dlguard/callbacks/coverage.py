@@ -333,6 +333,7 @@ class NeuronCoverageCallback(ProbeCallback):
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._remove_hooks()
+        super().teardown(trainer, pl_module, stage)
 
     # ---- checkpointing ----------------------------------------------------------------------
 
