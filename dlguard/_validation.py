@@ -26,6 +26,20 @@ def optional_positive_int(name: str, value: object, minimum: int = 1) -> int | N
     return None if value is None else positive_int(name, value, minimum)
 
 
+def check_budget(budget: object) -> int | float | None:
+    """A callback's ``budget``: a positive ``int`` (passes), a positive finite ``float`` (a multiple), or ``None``."""
+    if budget is None:
+        return None
+    if isinstance(budget, Integral) and not isinstance(budget, bool) and budget >= 1:
+        return int(budget)
+    if isinstance(budget, float) and math.isfinite(budget) and budget > 0:
+        return budget
+    raise ValueError(
+        "budget: expected a positive int (forward passes per measurement), a positive float (a multiple of the "
+        f"probe loader's inputs) or None, got {budget!r}"
+    )
+
+
 def probability(name: str, value: object) -> float:
     """``value`` as a ``float`` in ``[0, 1]`` (NaN rejected)."""
     if isinstance(value, bool) or not isinstance(value, Real) or not 0.0 <= float(value) <= 1.0:

@@ -78,19 +78,21 @@ def demo_callbacks(config: DemoConfig) -> list[Callback]:
 
     The four that find failures (robustness, metamorphic relations, HDA, object relevancy) deposit
     them in one bank, and :class:`~dlguard.callbacks.FailureReplay` mixes them into a quarter of every
-    training batch; D-Score drives score-guided padding.
+    training batch; D-Score drives score-guided padding. The probe sizes are the demo's own, kept whole
+    (``budget=None``): on the 1,000 validation digits the default budget (a fifth of a validation
+    epoch per callback) would cut them to the smallest sets; each record says what it spent.
     """
     replay = FailureReplay(fraction=0.25, seed=config.seed)
-    seed, bank = config.seed, replay.bank
+    bank, options = replay.bank, {"seed": config.seed, "budget": None}
     return [
         TQDMProgressBar(),
         ModelCheckpoint(dirpath=config.out / "checkpoints", monitor="val_acc", mode="max"),
-        DScoreCallback(n=3, t=5, probe_size=500, guide=ScoreGuidedPadding(), seed=seed),
+        DScoreCallback(n=3, t=5, probe_size=500, guide=ScoreGuidedPadding(), **options),
         NeuronCoverageCallback(criteria=("nc", "kmnc", "nbc", "snac", "tknc")),
-        RobustnessCallback(per_class=50, pairs=300, combine=digit_sum, bank=bank, seed=seed),
-        MetamorphicCallback(probe_size=100, bank=bank, seed=seed),
-        HDACallback(k=10, probe_size=200, fit_inputs=1000, bank=bank, seed=seed),
-        ObjectRelevancyCallback(masks=digit_masks, probe_size=64, bank=bank, seed=seed),
+        RobustnessCallback(per_class=50, pairs=300, combine=digit_sum, bank=bank, **options),
+        MetamorphicCallback(probe_size=100, bank=bank, **options),
+        HDACallback(k=10, probe_size=200, fit_inputs=1000, bank=bank, **options),
+        ObjectRelevancyCallback(masks=digit_masks, probe_size=64, bank=bank, **options),
         replay,
     ]
 

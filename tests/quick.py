@@ -87,3 +87,13 @@ def run_on_two_processes(fn: Callable[[int, int], Any], tmp_path: Path) -> Any:
     store = Path(tempfile.mkdtemp(prefix="rendezvous-", dir=tmp_path)) / "store"  # fresh per call
     mp.spawn(_run, args=(2, store, fn, str(out)), nprocs=2, join=True)
     return torch.load(out, weights_only=False)
+
+
+def split_spent(logged: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    """``(measured numbers, {key: value} of <prefix>/forward_passes)`` of a callback's logged row.
+
+    Forward passes are a cost, counted over every process: N processes each run the one-input checks
+    (the logits' width, a pass size), so they add a few passes; every measured number is the same.
+    """
+    spent = {key: value for key, value in logged.items() if key.endswith("/forward_passes")}
+    return {key: value for key, value in logged.items() if key not in spent}, spent

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Subset
 
 from dlguard import _distributed
-from dlguard._validation import check_values, optional_positive_int, positive_int, probability
+from dlguard._validation import check_budget, check_values, optional_positive_int, positive_int, probability
 from dlguard.augment.guide import Guide
 from dlguard.augment.properties import Property
 from dlguard.data.batch import BatchAccessor, BatchKeys
@@ -28,6 +28,8 @@ from dlguard.data.failure_bank import FailureBank
 from dlguard.data.probe_set import ProbeSet, ProbeSetDraw, ProbeSetPolicy
 from dlguard.generate.outputs import Task, correct_predictions, model_outputs
 from dlguard.probes.adapter import ModelAdapter
+from dlguard.probes.counting import count_forward_passes
+from dlguard.probes.loop_outputs import LoopOutputs
 from dlguard.report.logging import find_wandb_logger, log_figure
 
 __all__ = ["ProbeCallback", "ProbeOptions"]
@@ -49,11 +51,16 @@ class ProbeOptions(TypedDict, total=False):
     start_epoch: int
     min_accuracy: float | Literal["auto"] | None
     redraw_every_n_epochs: int | None
+    budget: int | float | None
 
 
 _STAGES = {"validation", "test"}
 _FEW = 5
 """A class the loader offers fewer inputs of than this does not hold back a balanced draw."""
+FEWEST_PROBE_INPUTS = 16
+"""The smallest uniform probe set a budget cuts to: fewer make no number worth logging."""
+DEFAULT_BUDGET = 0.2
+"""The default ``budget``: a fifth of the forward passes of the validation loader the probe set comes from."""
 
 
 class ProbeCallback(Callback, ABC):
@@ -90,6 +97,17 @@ class ProbeCallback(Callback, ABC):
       ``redraw_every_n_epochs`` the set is drawn again (seed ``seed + epoch``) once it is that many
       epochs old, so it follows the inputs the model gets right as it trains; a redraw that cannot be
       measured keeps the set in use.
+    - **Cost budget.** ``budget`` bounds the forward passes (inputs through the model) one measurement
+      spends beyond the evaluation loop's own: an ``int`` is a count, a ``float`` that multiple of the
+      distinct inputs of the loader the probe set is drawn from (as ``limit_val_batches`` reads an int
+      or a fraction; the default ``0.2`` keeps six callbacks within about one more validation epoch),
+      ``None`` no bound. A callback sizes its probe set to ``budget / (forward passes per probe input)``
+      when the set is drawn, and HDA its seeds and GA iterations too, never below what a number needs
+      (5 per class for a balanced set, 16 inputs for a uniform one, one HDA seed of one iteration):
+      such a measurement spends more and warns. What a measurement spent is counted on the model
+      itself, with the passes the draw made, logged as ``<prefix>/forward_passes`` and kept with the
+      limit and probe size in the record's ``"budget"``. Coverage reads the loop's own passes and
+      spends none.
     - **History and checkpoint.** One record per measurement in ``history``; ``state_dict`` keeps
       the history and the probe set's keys.
     - **Figures.** With a ``WandbLogger`` every measurement's figures go to W&B; without, the latest
@@ -123,6 +141,8 @@ class ProbeCallback(Callback, ABC):
             (classification callbacks); ``"auto"``: a third of the way from chance ``1/K`` to 1; ``None``: none.
         redraw_every_n_epochs: draw the probe set again once it is this many training epochs old
             (``None``: keep the first set for the whole fit).
+        budget: forward passes one measurement may spend: an ``int`` count, a ``float`` multiple of the
+            probe loader's distinct inputs, or ``None`` (no bound).
     """
 
     prefix: ClassVar[str] = "dlguard"
@@ -146,6 +166,7 @@ class ProbeCallback(Callback, ABC):
         start_epoch: int = 0,
         min_accuracy: float | Literal["auto"] | None = "auto",
         redraw_every_n_epochs: int | None = None,
+        budget: int | float | None = DEFAULT_BUDGET,
         **unexpected: Any,
     ) -> None:
         if unexpected:  # name the callback the user called, not this base
@@ -160,6 +181,7 @@ class ProbeCallback(Callback, ABC):
             probability("min_accuracy", min_accuracy)
         self.min_accuracy = min_accuracy
         self.redraw_every_n_epochs = optional_positive_int("redraw_every_n_epochs", redraw_every_n_epochs)
+        self.budget = check_budget(budget)
         ModelAdapter(nn.Identity(), preprocess, output_transform)  # validates both, before any work
         self.preprocess, self.output_transform = preprocess, output_transform
         self.batch_keys = batch_keys
@@ -180,6 +202,11 @@ class ProbeCallback(Callback, ABC):
         self._read_train_batch = False
         self._read_eval_batch = False
         self._measured_in_fit = False
+        self._allowed: dict[str, int | None] = {}  # the forward passes a measurement on each stage's set may spend
+        self._drawn_size: dict[str, int | None] = {}  # each stage's per_class (or probe_size) after the budget's cut
+        self._draw_passes = 0  # forward passes the running draw made to find the correct inputs
+        self._loop_outputs = LoopOutputs()  # the loop's own outputs on the batch, so the draw need not run the model
+        self._warned_over_budget = False
 
     @staticmethod
     def _check_bank(bank: object) -> None:
@@ -212,6 +239,10 @@ class ProbeCallback(Callback, ABC):
     def _wandb_figures(self, record: dict[str, Any]) -> dict[str, Figure]:
         """Figures sent to W&B at every measurement: :meth:`_figures`, unless native charts replace them."""
         return self._figures(record)
+
+    def _forward_passes(self, inputs: int) -> int:
+        """Forward passes a measurement on ``inputs`` probe inputs spends (linear in ``inputs``; 0: not sized)."""
+        return 0
 
     def _check_model(self, pl_module: nn.Module) -> None:
         """Raise before any work when the model lacks what the callback needs."""
@@ -378,6 +409,7 @@ class ProbeCallback(Callback, ABC):
         if drawn is not None:  # a redraw: another seed, so even a uniform draw renews its inputs
             policy = replace(policy, seed=self.seed + trainer.current_epoch)
         self._draw = ProbeSetDraw(policy, context=context, empty_ok=True)
+        self._draw_passes = 0
 
     def _redraw_due(self, trainer: L.Trainer, stage: str, drawn: int | None) -> bool:
         if self.redraw_every_n_epochs is None or drawn is None or stage != "validation" or trainer.state.fn != "fit":
@@ -385,6 +417,13 @@ class ProbeCallback(Callback, ABC):
         return trainer.current_epoch - drawn >= self.redraw_every_n_epochs
 
     def _collect(self, pl_module: L.LightningModule, batch: Any, dataloader_idx: int) -> None:
+        self._loop_outputs.stop()
+        try:
+            self._collect_batch(pl_module, batch, dataloader_idx)
+        finally:
+            self._loop_outputs.clear()
+
+    def _collect_batch(self, pl_module: L.LightningModule, batch: Any, dataloader_idx: int) -> None:
         if dataloader_idx != self.dataloader_idx:
             return
         if not self._read_eval_batch:  # an unusable batch fails at the first batch (the sanity check's too)
@@ -396,9 +435,22 @@ class ProbeCallback(Callback, ABC):
             self._restore_draw.add(inputs, target)
         if self._draw is not None:
             correct = None
-            if self._draw.policy.correct_only or self._accuracy_threshold() is not None:
-                correct = correct_predictions(self.adapter, inputs, target)
+            if self._needs_correct():
+                logits = self._loop_outputs.logits(self.adapter, inputs)
+                if logits is not None:  # the validation step ran the model on these inputs: its prediction
+                    correct = logits.argmax(dim=1) == target.to(logits.device)
+                else:
+                    correct = correct_predictions(self.adapter, inputs, target)
+                    self._draw_passes += len(inputs)
             self._draw.add(inputs, target, correct)
+
+    def _needs_correct(self) -> bool:
+        """Whether the running draw needs each input's correct prediction (correct-only, or an accuracy to reach)."""
+        return self._draw is not None and (self._draw.policy.correct_only or self._accuracy_threshold() is not None)
+
+    def _batch_starts(self, pl_module: L.LightningModule, dataloader_idx: int) -> None:
+        if dataloader_idx == self.dataloader_idx and self._draw is not None:
+            self._loop_outputs.start(pl_module)
 
     def _accuracy_threshold(self) -> float | None:
         """The validation accuracy a classification model must reach before it is measured, if any."""
@@ -428,8 +480,10 @@ class ProbeCallback(Callback, ABC):
                 self._logits_width = outputs.shape[1]
         return len(inputs) > 0
 
-    def _not_measurable(self, probe: ProbeSet) -> str | None:
+    def _not_measurable(self, probe: ProbeSet, policy: ProbeSetPolicy | None = None) -> str | None:
         """Why a freshly drawn probe set cannot be measured on yet (with the counts), or ``None``.
+
+        ``policy`` is the one the draw used (its size cut to the budget); default the callback's.
 
         Every process reaches the same answer: the counts are global, and the width of the logits is
         agreed (a process whose shard gave no batch learns it from the others).
@@ -449,7 +503,7 @@ class ProbeCallback(Callback, ABC):
             return (
                 f"the validation accuracy {probe.accuracy:.3f} over {probe.seen} inputs is below {how}: {threshold:.3f}"
             )
-        policy = self._probe_policy()
+        policy = policy or self._probe_policy()
         if policy is None or policy.per_class is None or probe.found_per_class is None:
             return None
         offered = probe.offered_per_class or {}
@@ -465,6 +519,23 @@ class ProbeCallback(Callback, ABC):
             )
         return None
 
+    def _spent(self, stage: str, probe: ProbeSet | None, spent: int) -> dict[str, Any]:
+        """What a measurement was allowed, measured on and spent; warns (once) when it spent more."""
+        allowed = self._allowed.get(stage)
+        if allowed is not None and spent > allowed and not self._warned_over_budget:
+            self._warned_over_budget = True
+            rank_zero_warn(
+                f"{type(self).__name__}: a measurement spent {spent} forward passes, over budget={self.budget} "
+                f"({allowed}): the smallest probe set a number needs ({probe.size if probe else 0} inputs) costs "
+                "more; raise budget, or lower the callback's per-input cost (fewer properties, levels, mutants)"
+            )
+        return {
+            "budget": self.budget,
+            "allowed": allowed,
+            "probe_inputs": 0 if probe is None else probe.size,
+            "forward_passes": spent,
+        }
+
     def _skip(self, trainer: L.Trainer, stage: str, reason: str, kept: bool) -> None:
         then = (
             "measuring on the probe set already in use"
@@ -474,8 +545,28 @@ class ProbeCallback(Callback, ABC):
         self.skipped.append({"epoch": trainer.current_epoch, "stage": stage, "reason": reason})
         rank_zero_warn(f"{type(self).__name__}: no probe set at epoch {trainer.current_epoch}: {reason}; {then}")
 
-    def _finish(self, draw: ProbeSetDraw) -> ProbeSet:
-        probe = draw.finish()
+    def _allowed_passes(self, seen: int) -> int | None:
+        """The forward passes a measurement may spend, for a loader of ``seen`` distinct inputs."""
+        if self.budget is None:
+            return None
+        return self.budget if isinstance(self.budget, int) else ceil(self.budget * seen)
+
+    def _probe_limit(self, seen: int) -> int | None:
+        """The most probe inputs the budget pays for (never below what a number needs), or ``None``."""
+        allowed, policy = self._allowed_passes(seen), self._probe_policy()
+        fixed = self._forward_passes(0)
+        per_input = self._forward_passes(1) - fixed
+        if allowed is None or per_input <= 0 or policy is None:
+            return None
+        fewest = _FEW * (self._logits_width or 1) if policy.per_class is not None else FEWEST_PROBE_INPUTS
+        return max((allowed - fixed) // per_input, fewest)
+
+    def _finish(self, draw: ProbeSetDraw, stage: str | None = None) -> ProbeSet:
+        """The drawn set; a fresh draw (``stage`` given) is cut to the budget, which is kept for ``stage``."""
+        probe = draw.finish(None if stage is None else self._probe_limit)
+        if stage is not None and probe.seen is not None:
+            self._allowed[stage] = self._allowed_passes(probe.seen)
+            self._drawn_size[stage] = draw.policy.per_class or draw.policy.probe_size
         with torch.inference_mode(False):  # trainer.validate/test load inference tensors; keep plain ones
             probe.inputs, probe.target = probe.inputs.clone(), probe.target.clone()
         return probe
@@ -495,11 +586,14 @@ class ProbeCallback(Callback, ABC):
             draw, self._restore_draw = self._restore_draw, None
             self._probes[stage] = self._finish(draw)
             self._drawn_epoch[stage] = int((self._restored_probe or {}).get("epoch", trainer.current_epoch))
+            self._allowed[stage] = (self._restored_probe or {}).get("allowed")
+            self._drawn_size[stage] = (self._restored_probe or {}).get("drawn_size")
             self._restored_probe = None
         if self._draw is not None:
             draw, self._draw = self._draw, None
-            probe = self._finish(draw)
-            reason = self._not_measurable(probe)
+            allowed_before, size_before = self._allowed.get(stage), self._drawn_size.get(stage)
+            probe = self._finish(draw, stage)
+            reason = self._not_measurable(probe, draw.policy)
             if reason is not None and trainer.state.fn != "fit":  # asked for numbers now: measure, but say so
                 rank_zero_warn(
                     f"{type(self).__name__}: the {stage} numbers come from a model that cannot be measured well: "
@@ -510,11 +604,18 @@ class ProbeCallback(Callback, ABC):
                 self._probes[stage] = probe
                 self._drawn_epoch[stage] = trainer.current_epoch
             else:
+                self._allowed[stage], self._drawn_size[stage] = allowed_before, size_before  # the set in use
                 self._skip(trainer, stage, reason, kept=stage in self._probes)
         probe = self._probes.get(stage)
         if self._probe_policy() is not None and probe is None:
             return
-        record, logged = self._measure(trainer, pl_module, probe, stage)
+        draw_passes, self._draw_passes = self._draw_passes, 0
+        with count_forward_passes(pl_module) as count:
+            record, logged = self._measure(trainer, pl_module, probe, stage)
+        draw_passes, spent = _distributed.all_sum(torch.tensor([draw_passes, count.inputs + draw_passes])).tolist()
+        record["budget"] = {**self._spent(stage, probe, spent), "draw_passes": draw_passes}
+        if self._probe_policy() is not None:
+            logged[f"{self.prefix}/forward_passes"] = float(spent)
         undefined = sorted(key for key, value in logged.items() if not math.isfinite(value))
         if undefined:  # a number without a value is reported missing, never logged as NaN
             logged = {key: value for key, value in logged.items() if key not in undefined}
@@ -536,6 +637,11 @@ class ProbeCallback(Callback, ABC):
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start(trainer, "validation", len(trainer.num_val_batches))
 
+    def on_validation_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._batch_starts(pl_module, dataloader_idx)
+
     def on_validation_batch_end(
         self,
         trainer: L.Trainer,
@@ -553,6 +659,11 @@ class ProbeCallback(Callback, ABC):
     def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start(trainer, "test", len(trainer.num_test_batches))
 
+    def on_test_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._batch_starts(pl_module, dataloader_idx)
+
     def on_test_batch_end(
         self,
         trainer: L.Trainer,
@@ -568,10 +679,12 @@ class ProbeCallback(Callback, ABC):
         self._end(trainer, pl_module, "test")
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._loop_outputs.clear()
         _distributed.settle()  # a ddp_spawn worker may exit right after: let gloo finish first
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._draw = self._restore_draw = None  # a draw cut short must not be finished by a later run
+        self._loop_outputs.clear()
 
     # ---- figures and files -------------------------------------------------------------------
 
@@ -661,7 +774,12 @@ class ProbeCallback(Callback, ABC):
         probe = self._probes.get("validation")
         probe_state = self._restored_probe
         if probe is not None:
-            probe_state = {**probe.state_dict(), "epoch": self._drawn_epoch.get("validation", 0)}
+            probe_state = {
+                **probe.state_dict(),
+                "epoch": self._drawn_epoch.get("validation", 0),
+                "allowed": self._allowed.get("validation"),
+                "drawn_size": self._drawn_size.get("validation"),
+            }
         return {"history": self.history, "probe": probe_state, "skipped": self.skipped, **self._extra_state()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

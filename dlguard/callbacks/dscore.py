@@ -96,6 +96,10 @@ class DScoreCallback(ProbeCallback):
     def state_key(self) -> str:
         return self._generate_state_key(n=self.n, t=self.t)
 
+    def _forward_passes(self, inputs: int) -> int:
+        # the model, its n² region-deletion mutants and n² translations; two inputs size the passes
+        return inputs * (1 + 2 * self.n**2) + 2
+
     def _probe_policy(self) -> ProbeSetPolicy:
         hint = "D-Score deletes and pads pixels: load [0, 1] images and pass the model's normalisation as preprocess"
         return ProbeSetPolicy(probe_size=self.probe_size, seed=self.seed, value_range_hint=hint)

@@ -14,7 +14,7 @@ from torch import Tensor
 from dlguard import _distributed
 from dlguard._random import content_keys
 from dlguard._validation import check_values, optional_positive_int, positive_int, probability
-from dlguard.callbacks.base import ProbeCallback, ProbeOptions
+from dlguard.callbacks.base import FEWEST_PROBE_INPUTS, ProbeCallback, ProbeOptions
 from dlguard.data.failure_bank import FailureBank
 from dlguard.data.probe_set import ProbeSet, ProbeSetPolicy
 from dlguard.generate.distribution import GlobalDistribution, PCADistribution
@@ -170,6 +170,29 @@ class HDACallback(ProbeCallback):
     def _probe_policy(self) -> ProbeSetPolicy:
         return ProbeSetPolicy(probe_size=self.probe_size, correct_only=True, seed=self.seed)
 
+    def _plan(self, allowed: int | None) -> tuple[int, int]:
+        """``(seeds, iterations)`` the budget pays for: three quarters of it go to the GA.
+
+        Each seed costs ``population · (iterations + 1)`` forward passes; when even one seed at the
+        full ``iterations`` does not fit, one seed runs as many iterations as fit (at least one).
+        """
+        population, iterations = self.ga["population"], self.ga["iterations"]
+        if allowed is None:
+            return self.k, iterations
+        share = allowed * 3 // 4
+        per_seed = population * (iterations + 1)
+        if share >= per_seed:
+            return min(self.k, share // per_seed), iterations
+        return 1, max(1, share // population - 1)
+
+    def _probe_limit(self, seen: int) -> int | None:
+        allowed = self._allowed_passes(seen)
+        if allowed is None:
+            return None
+        seeds, iterations = self._plan(allowed)
+        search = seeds * (self.ga["population"] * (iterations + 1) + 2) + 2  # and a few single inputs
+        return max((allowed - search) // 2, FEWEST_PROBE_INPUTS)  # a candidate: its logits and its gradient
+
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         if self.distribution is None and stage != "fit" and not self._has_training_data(trainer):
@@ -217,12 +240,13 @@ class HDACallback(ProbeCallback):
             self.distribution = self._fit_distribution(trainer)
             self._fitted_here = True
         self.distribution.to(self.adapter.device)
+        seeds, iterations = self._plan(self._allowed.get(stage))
         run = hda_test(
             self.adapter,
             probe.inputs,
             probe.target,
             self.distribution,
-            k=self.k,
+            k=seeds,
             radius=self.radius,
             indicator=self.indicator,  # type: ignore[arg-type]
             keys=probe.keys if probe.seed == self.seed else content_keys(probe.inputs, self.seed),  # a redrawn set
@@ -231,7 +255,7 @@ class HDACallback(ProbeCallback):
             holdout=self.holdout,
             heldout=self.heldout,
             validate_args=False,  # the probe draw checked the values
-            **self.ga,
+            **{**self.ga, "iterations": iterations},
         )
         self.last_run = run
         if self.heldout is None and stage == "validation":
@@ -255,7 +279,7 @@ class HDACallback(ProbeCallback):
             rank_zero_warn(
                 f"HDACallback: epoch {trainer.current_epoch} found no adversarial example among "
                 f"{int(result.count)} test cases ({int(run.selected_keys.numel())} seeds, radius={self.radius}, "
-                f"population={self.ga['population']}, iterations={self.ga['iterations']}), so hda/prediction_loss, "
+                f"population={self.ga['population']}, iterations={iterations}), so hda/prediction_loss, "
                 "hda/epsilon and hda/ssim are not logged and nothing is fed back; raise iterations, population, "
                 "mutation_std or radius"
             )
@@ -270,6 +294,7 @@ class HDACallback(ProbeCallback):
         self._gallery = self._gallery_of(run)
         record = {
             "seeds": int(run.selected_keys.numel()),
+            "iterations": iterations,
             "first_success": [int(v) for v in _distributed.gather_cat(run.ga.first_success.cpu()).tolist()],
             "final_ae_proportion": float(_distributed.gather_cat(run.ga.ae_proportion.cpu().double()).mean()),
         }

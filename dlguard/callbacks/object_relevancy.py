@@ -135,6 +135,11 @@ class ObjectRelevancyCallback(ProbeCallback):
     def state_key(self) -> str:
         return self._generate_state_key(probe_size=self.probe_size, p_high=self.p_high, s_low=self.s_low)
 
+    def _forward_passes(self, inputs: int) -> int:
+        # the sources and their F = 2·N + 14 follow-ups (N backgrounds); one input sizes the passes
+        backgrounds = len(_DEFAULT_KINDS) if self.backgrounds is None else len(self.backgrounds)
+        return inputs * (1 + 2 * backgrounds + 14) + 1
+
     def _probe_policy(self) -> ProbeSetPolicy:
         return ProbeSetPolicy(probe_size=self.probe_size, seed=self.seed)
 

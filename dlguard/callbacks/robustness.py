@@ -153,6 +153,10 @@ class RobustnessCallback(ProbeCallback):
             per_class=self.per_class, correct_only=True, seed=self.seed, value_range=bounds, value_range_hint=hint
         )
 
+    def _forward_passes(self, inputs: int) -> int:
+        # every level of every property, and one input for the logits' width and one for the pass size
+        return inputs * sum(len(p.levels) for p in self.properties) + 2
+
     def _check_batch(self, inputs: Tensor, target: Tensor) -> None:
         check_property_inputs(self.properties, inputs)
 
@@ -168,7 +172,7 @@ class RobustnessCallback(ProbeCallback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, probe: ProbeSet | None, stage: str
     ) -> tuple[dict[str, Any], dict[str, float]]:
         assert probe is not None
-        self._warn_short_classes(probe)
+        self._warn_short_classes(probe, stage)
         run = robustness_sweep(
             self.adapter,
             probe.inputs,
@@ -235,13 +239,15 @@ class RobustnessCallback(ProbeCallback):
             self.bank.add(*run.failures, origin="robustness")
         return record, logged
 
-    def _warn_short_classes(self, probe: ProbeSet) -> None:
+    def _warn_short_classes(self, probe: ProbeSet, stage: str) -> None:
         if probe.found_per_class is None:
             return
-        short = {c: n for c, n in probe.found_per_class.items() if n < self.per_class}
+        wanted = self._drawn_size.get(stage) or self.per_class  # per_class, or what the budget cut it to
+        short = {c: n for c, n in probe.found_per_class.items() if n < wanted}
         if short:
+            cut = "" if wanted == self.per_class else f" (cut from {self.per_class} by budget={self.budget})"
             warnings.warn(
-                f"RobustnessCallback: fewer than per_class={self.per_class} correctly predicted inputs for classes "
+                f"RobustnessCallback: fewer than per_class={wanted}{cut} correctly predicted inputs for classes "
                 f"{short} (class: count found); those classes are used whole",
                 stacklevel=2,
             )

@@ -11,7 +11,8 @@ are enough to find the same inputs again after a restart.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -239,8 +240,15 @@ class ProbeSetDraw:
                 return tuple(shape.tolist())
         return ()
 
-    def finish(self) -> ProbeSet:
-        """The probe set (every process calls this: keys are gathered to choose the global draw)."""
+    def finish(self, limit: Callable[[int], int | None] | None = None) -> ProbeSet:
+        """The probe set (every process calls this: keys are gathered to choose the global draw).
+
+        Args:
+            limit: ``limit(seen)`` -> the most inputs the set may hold, given the distinct inputs the
+                batches offered (``None``: the policy's size). A ``per_class`` draw keeps
+                ``limit // classes offered`` per class (at least one). The smaller set is the larger
+                one's smallest keys: what a draw of that size would have chosen. Not applied to a restore.
+        """
         shape = self._sample_shape()
         if self._keys is None:
             empty = torch.zeros(0, dtype=torch.long)
@@ -253,12 +261,12 @@ class ProbeSetDraw:
         unique = _first_of_each_key(every[0])  # padded DDP shards repeat inputs: keep one, lowest rank first
         every, owner = every[:, unique], owner[unique]
         chosen = torch.arange(every.shape[1], device=keys.device)
+        seen = self._seen_everywhere()
         if self.restore is None:
-            chosen = _select(every[0], every[1], self.policy)
+            chosen = _select(every[0], every[1], self._limited(limit, seen))
         mine = owner[chosen] == _distributed.rank()
         local = torch.isin(keys, every[0, chosen[mine]])
         order = keys[local].argsort()
-        seen = self._seen_everywhere()
         probe = ProbeSet(
             inputs=inputs[local][order],
             target=target[local][order],
@@ -273,6 +281,19 @@ class ProbeSetDraw:
         )
         self._check(probe, seen.shape[1])
         return probe
+
+    def _limited(self, limit: Callable[[int], int | None] | None, seen: Tensor) -> ProbeSetPolicy:
+        """The policy, its size cut to ``limit(seen)`` (the size the draw uses and checks against)."""
+        cap = None if limit is None else limit(seen.shape[1])
+        if cap is None:
+            return self.policy
+        if self.policy.probe_size is not None:
+            self.policy = replace(self.policy, probe_size=max(1, min(self.policy.probe_size, cap)))
+        else:
+            assert self.policy.per_class is not None
+            classes = max(1, len(_counts(seen[1])))
+            self.policy = replace(self.policy, per_class=max(1, min(self.policy.per_class, cap // classes)))
+        return self.policy
 
     def _seen_everywhere(self) -> Tensor:
         """``(4, N)`` key, label, qualified, correct of every distinct input any process was offered."""

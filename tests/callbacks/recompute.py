@@ -37,12 +37,32 @@ from dlguard.metrics import (
     MetamorphicViolations,
     ObjectRelevancy,
 )
-from dlguard.probes import ModelAdapter
+from dlguard.probes import ModelAdapter, count_forward_passes
+
+
+class _Spent:
+    """Counts the forward passes of the recomputation on the reference model (``with _Spent(model) as spent``)."""
+
+    def __init__(self, model: nn.Module | ModelAdapter) -> None:
+        self._counting = count_forward_passes(model.model if isinstance(model, ModelAdapter) else model)
+
+    def __enter__(self) -> _Spent:
+        self.count = self._counting.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._counting.__exit__(*exc)
+
+    def logged(self, callback: Any, stage: str) -> dict[str, float]:
+        """``<prefix>/forward_passes``: the recomputation's passes and the passes the callback's draw made."""
+        record = next(r for r in reversed(callback.history) if r["stage"] == stage)
+        return {f"{callback.prefix}/forward_passes": float(self.count.inputs + record["budget"]["draw_passes"])}
 
 
 def dscore_logged(callback: DScoreCallback, model: nn.Module | ModelAdapter, stage: str = "validation") -> dict:
     probe = callback.probe_set(stage)
-    run = dscore_test(model, probe.inputs, probe.target, callback.n, callback.t, callback.layers)
+    with _Spent(model) as spent:
+        run = dscore_test(model, probe.inputs, probe.target, callback.n, callback.t, callback.layers)
     metric = DScore(callback.n, run.num_classes)
     metric.update(run.logits, run.mutant_logits, run.translated_logits, run.target)
     result = metric.compute()
@@ -50,17 +70,18 @@ def dscore_logged(callback: DScoreCallback, model: nn.Module | ModelAdapter, sta
     logged["dscore/baseline_acc"] = float(result.baseline_accuracy)
     if callback.guide is not None and stage == "validation":
         logged["dscore/guide_p"] = float(result.augment_probability)
-    return logged
+    return logged | spent.logged(callback, stage)
 
 
 def robustness_logged(
     callback: RobustnessCallback, model: nn.Module | ModelAdapter, stage: str = "validation"
 ) -> dict[str, float]:
     probe = callback.probe_set(stage)
-    run = robustness_sweep(
-        model, probe.inputs, probe.target, callback.properties, pairs=callback.pairs, combine=callback.combine,
-        keys=probe.keys, seed=callback.seed,
-    )  # fmt: skip
+    with _Spent(model) as spent:
+        run = robustness_sweep(
+            model, probe.inputs, probe.target, callback.properties, pairs=callback.pairs, combine=callback.combine,
+            keys=probe.keys, seed=callback.seed,
+        )  # fmt: skip
     levels = max(len(p.levels) for p in callback.properties)
     local = LocalRobustness(run.num_classes, callback.properties, levels)
     for prop in callback.properties:
@@ -76,17 +97,18 @@ def robustness_logged(
         adder.update(*run.adder_share)
         for name, (per_level, _) in adder.compute().items():
             logged[f"global_robustness/{name}"] = float(per_level.reshape(-1).mean())
-    return logged
+    return logged | spent.logged(callback, stage)
 
 
 def metamorphic_logged(
     callback: MetamorphicCallback, model: nn.Module | ModelAdapter, stage: str = "validation"
 ) -> dict[str, float]:
     probe = callback.probe_set(stage)
-    run = metamorphic_test(
-        model, probe.inputs, probe.target, callback.properties, task=callback.task, lam=callback.lam,
-        epsilon=callback.epsilon, keys=probe.keys,
-    )  # fmt: skip
+    with _Spent(model) as spent:
+        run = metamorphic_test(
+            model, probe.inputs, probe.target, callback.properties, task=callback.task, lam=callback.lam,
+            epsilon=callback.epsilon, keys=probe.keys,
+        )  # fmt: skip
     metric = MetamorphicViolations(callback.properties, callback.task, (callback.lam,), (callback.epsilon,))
     for name, outputs in run.transformed_outputs.items():
         metric.update(outputs, name, source_outputs=run.outputs, target=run.target, mse_orig=run.mse_orig)
@@ -102,16 +124,19 @@ def metamorphic_logged(
     logged["metamorphic/violation_rate"] /= max(counted, 1)
     if run.mse_orig is not None:
         logged["metamorphic/mse_orig"] = run.mse_orig
-    return logged
+    return logged | spent.logged(callback, stage)
 
 
 def hda_logged(callback: HDACallback, model: nn.Module | ModelAdapter, stage: str = "validation") -> dict[str, float]:
     probe = callback.probe_set(stage)
-    run = hda_test(
-        model, probe.inputs, probe.target, callback.distribution, k=callback.k, radius=callback.radius,
-        indicator=callback.indicator, keys=probe.keys, seed=callback.seed, holdout=callback.holdout,
-        heldout=callback.heldout, **callback.ga,
-    )  # fmt: skip
+    record = next(r for r in reversed(callback.history) if r["stage"] == stage)
+    assert (record["seeds"], record["iterations"]) == callback._plan(record["budget"]["allowed"])
+    with _Spent(model) as spent:
+        run = hda_test(
+            model, probe.inputs, probe.target, callback.distribution, k=record["seeds"], radius=callback.radius,
+            indicator=callback.indicator, keys=probe.keys, seed=callback.seed, holdout=callback.holdout,
+            heldout=callback.heldout, **{**callback.ga, "iterations": record["iterations"]},
+        )  # fmt: skip
     quality = AEQuality(perceptual=("ssim",))
     quality.update(*run.test_cases)
     result = quality.compute()
@@ -128,7 +153,7 @@ def hda_logged(callback: HDACallback, model: nn.Module | ModelAdapter, stage: st
         robustness = EmpiricalGlobalRobustness()
         robustness.update(*run.heldout_share)  # the callback's held-out cases: it passed them in
         logged["hda/global_robustness"] = float(robustness.compute())
-    return logged
+    return logged | spent.logged(callback, stage)
 
 
 def relevancy_logged(
@@ -142,10 +167,17 @@ def relevancy_logged(
     if follow_ups is None:
         assert callback.last_run is not None
         follow_ups = callback.last_run.follow_ups
-    run = object_relevancy_test(
-        model, probe.inputs.cpu().float(), probe.target.cpu(), follow_ups, p_high=callback.p_high, s_low=callback.s_low
-    )
+    with _Spent(model) as spent:
+        run = object_relevancy_test(
+            model,
+            probe.inputs.cpu().float(),
+            probe.target.cpu(),
+            follow_ups,
+            p_high=callback.p_high,
+            s_low=callback.s_low,
+        )
     metric = ObjectRelevancy(p_high=callback.p_high, s_low=callback.s_low)
     metric.update(run.scores)
     result = metric.compute()
-    return {f"relevancy/{key}": float(result[key]) for key in ("score", "preserving", "removing", "unreliable_rate")}
+    logged = {f"relevancy/{key}": float(result[key]) for key in ("score", "preserving", "removing", "unreliable_rate")}
+    return logged | spent.logged(callback, stage)

@@ -27,7 +27,7 @@ def fit(tmp_path: Path, callback: DScoreCallback, epochs: int = 2, net: nn.Modul
 
 def test_fit_logs_dscore_and_drives_the_guide(tmp_path: Path) -> None:
     guide = ScoreGuidedPadding()
-    callback = DScoreCallback(n=3, probe_size=100, guide=guide)
+    callback = DScoreCallback(n=3, budget=None, probe_size=100, guide=guide)
     trainer = fit(tmp_path, callback)
     assert [record["epoch"] for record in callback.history] == [0, 1]  # never in the sanity check
     latest = callback.latest
@@ -46,7 +46,7 @@ def test_fit_logs_dscore_and_drives_the_guide(tmp_path: Path) -> None:
 
 
 def test_probe_is_a_random_fixed_draw_across_classes(tmp_path: Path) -> None:
-    callback = DScoreCallback(n=2, probe_size=100)
+    callback = DScoreCallback(n=2, budget=None, probe_size=100)
     fit(tmp_path, callback)
     probe = callback.probe_set()
     images, target = probe.inputs, probe.target
@@ -66,7 +66,7 @@ def test_probe_is_a_random_fixed_draw_across_classes(tmp_path: Path) -> None:
 
 
 def test_every_n_epochs(tmp_path: Path) -> None:
-    callback = DScoreCallback(n=2, probe_size=50, every_n_epochs=2)
+    callback = DScoreCallback(n=2, budget=None, probe_size=50, every_n_epochs=2)
     fit(tmp_path, callback, epochs=3)
     assert [record["epoch"] for record in callback.history] == [1]
 

@@ -32,10 +32,12 @@ LOGGED = {
     "hda/seed_density",
     "hda/ssim",
     "hda/global_robustness",
+    "hda/forward_passes",
 }
 # mutations larger than the SPEC's 0.003 find AEs in a dozen iterations: tests stay fast and meet AEs
 FAST = {"mutation_std": 0.05, "init_std": 0.1}
-SMALL = {"k": 6, "probe_size": 40, "population": 60, "iterations": 12, "holdout": 0.5, **FAST}
+# sizes of their own (budget=None): these tests are about the numbers, test_budget.py about the budget
+SMALL = {"k": 6, "probe_size": 40, "population": 60, "iterations": 12, "holdout": 0.5, "budget": None, **FAST}
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +115,7 @@ def test_replay_of_hda_aes_raises_global_robustness(tmp_path: Path, distribution
     """HDA adversarial fine-tuning inside an ordinary fit: R̂_g on the held-out AEs rises."""
     replay = FailureReplay(fraction=0.5)
     callback = HDACallback(distribution=distribution, k=20, probe_size=100, population=100, iterations=20,
-                           radius=0.2, **FAST, holdout=0.3, bank=replay.bank)  # fmt: skip
+                           radius=0.2, **FAST, holdout=0.3, bank=replay.bank, budget=None)  # fmt: skip
     trainer = quick_trainer(tmp_path, [callback, replay], epochs=4, train_batches=20, val_batches=2)
     trainer.fit(ClassifierModule(pretrained("mnist_a"), lr=1e-3), datamodule=MNISTDataModule(batch_size=50))
     curve = [record["logged"]["hda/global_robustness"] for record in callback.history]
@@ -333,7 +335,7 @@ def test_a_measurement_without_an_adversarial_example_logs_no_undefined_mean(tmp
     # the held-out seeds hold no AE either: R̂_g is their accuracy, and the warning says so rather than a silent 1.0
     assert "found no AE around any of the 1 held-out seeds at epoch 0" in said
     logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("hda/")}
-    assert set(logged) == {"hda/ae_proportion", "hda/seed_density", "hda/global_robustness"}
+    assert set(logged) == {"hda/ae_proportion", "hda/seed_density", "hda/global_robustness", "hda/forward_passes"}
     assert logged["hda/ae_proportion"] == 0.0 and all(math.isfinite(v) for v in logged.values())
     assert logged == pytest.approx(hda_logged(callback, pretrained("mnist_a")), abs=1e-5)
 

@@ -15,7 +15,7 @@ from dlguard.data import MNISTDataModule
 from dlguard.generate import VAEDistribution
 from dlguard.zoo import ClassifierModule, pretrained
 from tests.callbacks.test_hda_callback import LOGGED
-from tests.quick import quick_trainer
+from tests.quick import quick_trainer, split_spent
 
 
 def _distribution() -> VAEDistribution:
@@ -48,8 +48,13 @@ def _run(tmp_path: Path, devices: int) -> dict[str, float]:
 @pytest.mark.ddp
 @pytest.mark.slow
 def test_two_processes_report_what_one_process_reports(tmp_path: Path) -> None:
-    single, double = _run(tmp_path / "one", 1), _run(tmp_path / "two", 2)
+    (single, spent_one), (double, spent_two) = (
+        split_spent(_run(tmp_path / "one", 1)),
+        split_spent(_run(tmp_path / "two", 2)),
+    )
     assert {"hda/ae_proportion", "hda/seed_density"} <= set(single) <= LOGGED
     assert single.keys() == double.keys() and all(math.isfinite(value) for value in single.values())
     for key, value in single.items():
         assert double[key] == pytest.approx(value, abs=1e-6), key
+    # the same search; the second process adds its one-input checks (the logits' width, a pass size)
+    assert 0 <= spent_two["hda/forward_passes"] - spent_one["hda/forward_passes"] <= 8

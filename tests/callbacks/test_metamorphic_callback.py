@@ -121,13 +121,18 @@ def test_steering_numbers_equal_an_independent_loop_and_violations_go_to_the_ban
     replay = FailureReplay(fraction=0.25)
     properties = chosen()
     callback = MetamorphicCallback(
-        properties=properties, task="regression", lam=2.0, epsilon=0.01, probe_size=64, bank=replay.bank
+        properties=properties, task="regression", lam=2.0, epsilon=0.01, budget=None, probe_size=64, bank=replay.bank
     )
     trainer = quick_trainer(tmp_path, [callback, replay], epochs=1, train_batches=8, val_batches=4)
     module = RampRegressor()
     trainer.fit(module, datamodule=Ramps())
     logged = logged_of(trainer)
-    assert set(logged) == {"metamorphic/violation_rate", "metamorphic/mse_orig", *(f"metamorphic/{n}" for n in NAMES)}
+    assert set(logged) == {
+        "metamorphic/violation_rate",
+        "metamorphic/mse_orig",
+        "metamorphic/forward_passes",
+        *(f"metamorphic/{n}" for n in NAMES),
+    }
 
     probe = callback.probe_set()
     assert probe.size == 64 and probe.target.is_floating_point()
@@ -157,7 +162,7 @@ def test_steering_numbers_equal_an_independent_loop_and_violations_go_to_the_ban
 
 def test_classification_numbers_equal_an_independent_loop(tmp_path: Path) -> None:
     properties = chosen(("rotation", "rain"))
-    callback = MetamorphicCallback(properties=properties, probe_size=50)
+    callback = MetamorphicCallback(properties=properties, budget=None, probe_size=50)
     trainer = quick_trainer(tmp_path, [callback], val_batches=2)
     module = ClassifierModule(pretrained("mnist_a"))
     trainer.validate(module, datamodule=MNISTDataModule(batch_size=50), verbose=False)
@@ -319,7 +324,7 @@ def test_a_resumed_run_measures_what_an_uninterrupted_run_measures(tmp_path: Pat
 
 def test_signals_take_properties_for_any_tensor(tmp_path: Path) -> None:
     noise_and_brightness = [p for p in default_properties(value_range=None) if not p.needs_images]
-    callback = MetamorphicCallback(properties=noise_and_brightness, probe_size=32)
+    callback = MetamorphicCallback(properties=noise_and_brightness, budget=None, probe_size=32)
     trainer = quick_trainer(tmp_path, [callback], val_batches=2)
     trainer.fit(SignalClassifier(), datamodule=Signals())
     assert {"metamorphic/noise", "metamorphic/brightness"} <= set(logged_of(trainer))

@@ -11,7 +11,7 @@ import pytest
 from dlguard.callbacks import FailureReplay, MetamorphicCallback
 from dlguard.data import MNISTDataModule
 from dlguard.zoo import ClassifierModule, pretrained
-from tests.quick import quick_trainer
+from tests.quick import quick_trainer, split_spent
 
 
 def test_the_callback_pickles() -> None:
@@ -35,7 +35,12 @@ def _run(tmp_path: Path, devices: int) -> dict[str, float]:
 @pytest.mark.ddp
 @pytest.mark.slow
 def test_two_processes_report_what_one_process_reports(tmp_path: Path) -> None:
-    single, double = _run(tmp_path / "one", 1), _run(tmp_path / "two", 2)
+    (single, spent_one), (double, spent_two) = (
+        split_spent(_run(tmp_path / "one", 1)),
+        split_spent(_run(tmp_path / "two", 2)),
+    )
     assert len(single) == 10 and 0 < single["metamorphic/violation_rate"] < 1
     for key, value in single.items():
         assert double[key] == pytest.approx(value, abs=1e-6), key
+    # the second process reads the output's shape once per property call, as the first does: 1 + 36 passes more
+    assert spent_two["metamorphic/forward_passes"] == spent_one["metamorphic/forward_passes"] + 37

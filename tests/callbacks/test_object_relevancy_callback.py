@@ -25,7 +25,9 @@ from tests.probes.fingerprint import assert_unchanged, fingerprint
 from tests.quick import quick_trainer
 
 KEYS = ("image", "label")
-LOGGED = {"relevancy/score", "relevancy/preserving", "relevancy/removing", "relevancy/unreliable_rate"}
+LOGGED = {"relevancy/score", "relevancy/preserving", "relevancy/removing", "relevancy/unreliable_rate"} | {
+    "relevancy/forward_passes"
+}
 
 
 def digit_masks(images: torch.Tensor) -> torch.Tensor:
@@ -43,7 +45,9 @@ def logged_of(trainer: L.Trainer) -> dict[str, float]:
 
 def test_a_measurement_equals_a_direct_run_and_feeds_the_bank(tmp_path: Path) -> None:
     replay = FailureReplay(fraction=0.25)
-    callback = ObjectRelevancyCallback(masks=digit_masks, probe_size=40, bank=replay.bank, p_high=0.8, workers=1)
+    callback = ObjectRelevancyCallback(
+        masks=digit_masks, budget=None, probe_size=40, bank=replay.bank, p_high=0.8, workers=1
+    )
     trainer = quick_trainer(tmp_path, [callback, replay], val_batches=2)
     module = ClassifierModule(pretrained("mnist_a"))
     trainer.validate(module, datamodule=MNISTDataModule(batch_size=50), verbose=False)
@@ -76,7 +80,7 @@ def test_a_measurement_equals_a_direct_run_and_feeds_the_bank(tmp_path: Path) ->
 
 
 def test_follow_ups_are_made_once_and_reused_every_epoch(tmp_path: Path) -> None:
-    callback = ObjectRelevancyCallback(masks=digit_masks, probe_size=30)
+    callback = ObjectRelevancyCallback(masks=digit_masks, budget=None, probe_size=30)
     trainer = quick_trainer(tmp_path, [callback], epochs=3, train_batches=2, val_batches=2)
     trainer.fit(ClassifierModule(pretrained("mnist_a")), datamodule=MNISTDataModule(batch_size=50))
     assert len(callback.history) == 3
@@ -89,7 +93,9 @@ def test_the_model_is_left_as_found_and_bad_input_fails_before_any_work(tmp_path
     module = ClassifierModule(pretrained("mnist_a")).train()
     module.net.fc3.weight.requires_grad_(False)
     before = fingerprint(module)
-    trainer = quick_trainer(tmp_path, [ObjectRelevancyCallback(masks=digit_masks, probe_size=20)], val_batches=1)
+    trainer = quick_trainer(
+        tmp_path, [ObjectRelevancyCallback(masks=digit_masks, budget=None, probe_size=20)], val_batches=1
+    )
     trainer.validate(module, datamodule=MNISTDataModule(batch_size=50), verbose=False)
     module.train()
     assert_unchanged(module, before)
@@ -99,7 +105,9 @@ def test_the_model_is_left_as_found_and_bad_input_fails_before_any_work(tmp_path
         (lambda x: x[:, 0] > 2.0, "masks: input 0 of the batch has an empty mask"),
         (5, "masks: cannot read the object masks at key 5"),
     ):
-        trainer = quick_trainer(tmp_path, [ObjectRelevancyCallback(masks=masks, probe_size=20)], val_batches=1)
+        trainer = quick_trainer(
+            tmp_path, [ObjectRelevancyCallback(masks=masks, budget=None, probe_size=20)], val_batches=1
+        )
         with pytest.raises(ValueError, match=message):
             trainer.fit(module, datamodule=MNISTDataModule(batch_size=50))
         module.train()
@@ -121,7 +129,9 @@ def test_the_model_is_left_as_found_and_bad_input_fails_before_any_work(tmp_path
 
 
 def test_outputs_that_are_not_logits_are_refused_naming_output_transform(tmp_path: Path) -> None:
-    callback = ObjectRelevancyCallback(masks=digit_masks, probe_size=20, preprocess=normalize, batch_keys=KEYS)
+    callback = ObjectRelevancyCallback(
+        masks=digit_masks, budget=None, probe_size=20, preprocess=normalize, batch_keys=KEYS
+    )
     with pytest.raises(ValueError, match="output_transform"):
         quick_trainer(tmp_path, [callback]).fit(NormalizedDigits(output_dict=True), datamodule=DigitDicts())
 
@@ -141,7 +151,7 @@ def test_normalised_model_dict_batches_dict_outputs_equal_the_pixel_model(tmp_pa
 
 def test_scene_masks_come_from_the_batch(tmp_path: Path) -> None:
     # masks at position 2 of (image, label, mask); an untrained network, measured all the same
-    callback = ObjectRelevancyCallback(probe_size=24, min_accuracy=None)
+    callback = ObjectRelevancyCallback(budget=None, probe_size=24, min_accuracy=None)
     trainer = quick_trainer(tmp_path, [callback], val_batches=1)
     datamodule = SceneDataModule(batch_size=32)
     torch.manual_seed(0)
@@ -156,8 +166,8 @@ def test_scene_masks_come_from_the_batch(tmp_path: Path) -> None:
 
 
 def test_several_loaders_and_limit_val_batches(tmp_path: Path) -> None:
-    callback = ObjectRelevancyCallback(masks=digit_masks, probe_size=20, dataloader_idx=1, preprocess=normalize,
-                                       batch_keys=KEYS)  # fmt: skip
+    callback = ObjectRelevancyCallback(masks=digit_masks, budget=None, probe_size=20, dataloader_idx=1,
+                                       preprocess=normalize, batch_keys=KEYS)  # fmt: skip
     trainer = quick_trainer(tmp_path, [callback], train_batches=1, val_batches=1)
     datamodule = DigitDicts(val_splits=(200, 300))
     trainer.fit(NormalizedDigits(), datamodule=datamodule)
@@ -166,7 +176,9 @@ def test_several_loaders_and_limit_val_batches(tmp_path: Path) -> None:
 
 
 def test_validate_and_test_measure_on_their_own_loaders(tmp_path: Path) -> None:
-    callback = ObjectRelevancyCallback(masks=digit_masks, probe_size=20, preprocess=normalize, batch_keys=KEYS)
+    callback = ObjectRelevancyCallback(
+        masks=digit_masks, budget=None, probe_size=20, preprocess=normalize, batch_keys=KEYS
+    )
     trainer = quick_trainer(tmp_path, [callback], val_batches=1, limit_test_batches=1)
     module, datamodule = NormalizedDigits(), DigitDicts()
     validated = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
@@ -181,7 +193,9 @@ def test_validate_and_test_measure_on_their_own_loaders(tmp_path: Path) -> None:
 def test_precisions_give_the_float32_numbers(tmp_path: Path, precision: str) -> None:
     runs = {}
     for name in ("32-true", precision):
-        callback = ObjectRelevancyCallback(masks=digit_masks, probe_size=30, preprocess=normalize, batch_keys=KEYS)
+        callback = ObjectRelevancyCallback(
+            masks=digit_masks, budget=None, probe_size=30, preprocess=normalize, batch_keys=KEYS
+        )
         trainer = quick_trainer(tmp_path / name, [callback], train_batches=1, val_batches=2, precision=name)
         trainer.fit(NormalizedDigits(lr=0.0), datamodule=DigitDicts())
         runs[name] = logged_of(trainer)

@@ -13,7 +13,7 @@ from dlguard.callbacks import FailureReplay, ObjectRelevancyCallback
 from dlguard.data import SceneDataModule
 from dlguard.zoo import ClassifierModule, pretrained
 from tests.callbacks.test_object_relevancy_callback import LOGGED
-from tests.quick import quick_trainer
+from tests.quick import quick_trainer, split_spent
 
 
 def test_the_callback_pickles() -> None:
@@ -53,7 +53,12 @@ def _run(tmp_path: Path, devices: int) -> dict[str, float]:
 @pytest.mark.ddp
 @pytest.mark.slow
 def test_two_processes_report_what_one_process_reports(tmp_path: Path) -> None:
-    single, double = _run(tmp_path / "one", 1), _run(tmp_path / "two", 2)
-    assert set(single) == LOGGED
+    (single, spent_one), (double, spent_two) = (
+        split_spent(_run(tmp_path / "one", 1)),
+        split_spent(_run(tmp_path / "two", 2)),
+    )
+    assert set(single) | set(spent_one) == LOGGED
     for key, value in single.items():
         assert double[key] == pytest.approx(value, abs=1e-6), key
+    # the second process sizes its own passes on one input
+    assert spent_two["relevancy/forward_passes"] == spent_one["relevancy/forward_passes"] + 1

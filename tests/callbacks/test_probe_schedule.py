@@ -59,8 +59,8 @@ def fit(tmp_path: Path, callbacks: list[L.Callback], module: L.LightningModule, 
 
 
 def test_a_collapsed_model_is_not_measured_until_it_has_learnt(tmp_path: Path) -> None:
-    robustness = RobustnessCallback(per_class=4, pairs=20)
-    dscore = DScoreCallback(n=2, probe_size=40)
+    robustness = RobustnessCallback(budget=None, per_class=4, pairs=20)
+    dscore = DScoreCallback(n=2, budget=None, probe_size=40)
     module = LearnsAtEpoch(learns_at=1)
     with pytest.warns(UserWarning, match=r"RobustnessCallback: no probe set at epoch 0: the validation accuracy 0\.1"):
         trainer = fit(tmp_path, [robustness, dscore], module)
@@ -86,7 +86,7 @@ def test_a_collapsed_model_is_not_measured_until_it_has_learnt(tmp_path: Path) -
 
 
 def test_without_an_accuracy_threshold_a_one_class_balanced_set_is_still_refused(tmp_path: Path) -> None:
-    robustness = RobustnessCallback(per_class=4, pairs=20, min_accuracy=None)
+    robustness = RobustnessCallback(budget=None, per_class=4, pairs=20, min_accuracy=None)
     with pytest.warns(UserWarning, match=r"classes \{1: '0 of 2', 2: '0 of 2'"):
         fit(tmp_path, [robustness], LearnsAtEpoch(learns_at=5, collapsed_class=0), epochs=1)
     assert (
@@ -96,14 +96,14 @@ def test_without_an_accuracy_threshold_a_one_class_balanced_set_is_still_refused
 
 
 def test_a_class_the_model_never_predicts_is_named_with_its_counts(tmp_path: Path) -> None:
-    robustness = RobustnessCallback(per_class=4, pairs=20)
+    robustness = RobustnessCallback(budget=None, per_class=4, pairs=20)
     with pytest.warns(UserWarning, match=r"classes \{3: '0 of 2'\}"):  # 3s among 200 inputs: min(4, n)/2 = 2
         fit(tmp_path, [robustness], LearnsAtEpoch(never=3), epochs=1)
     assert robustness.history == []
 
 
 def test_a_fit_that_never_becomes_measurable_says_why_at_the_end(tmp_path: Path) -> None:
-    dscore = DScoreCallback(n=2, probe_size=20)
+    dscore = DScoreCallback(n=2, budget=None, probe_size=20)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         fit(tmp_path, [dscore], LearnsAtEpoch(learns_at=5), epochs=2)
@@ -121,7 +121,7 @@ def test_start_epoch_delays_the_first_measurement_and_costs_nothing_before(tmp_p
         fit(tmp_path, callbacks, module)
         return rows
 
-    dscore = DScoreCallback(n=2, probe_size=20, start_epoch=1)
+    dscore = DScoreCallback(n=2, budget=None, probe_size=20, start_epoch=1)
     with_callback, without = rows_in_epoch_0([dscore]), rows_in_epoch_0([])
     assert [record["epoch"] for record in dscore.history] == [1] and dscore.skipped == []
     extra = list(with_callback)
@@ -151,7 +151,7 @@ def test_bad_start_and_redraw_arguments_are_named(kwargs: dict, message: str) ->
 
 
 def test_redraw_renews_the_set_with_the_epoch_in_its_seed(tmp_path: Path) -> None:
-    dscore = DScoreCallback(n=2, probe_size=30, redraw_every_n_epochs=2)
+    dscore = DScoreCallback(n=2, budget=None, probe_size=30, redraw_every_n_epochs=2)
     module = LearnsAtEpoch(learns_at=0)
     fit(tmp_path, [dscore], module, epochs=3)
     history = dscore.history
@@ -171,8 +171,8 @@ def test_a_resumed_run_redraws_when_an_uninterrupted_run_does(tmp_path: Path) ->
 
     def callbacks(root: Path) -> list[L.Callback]:
         return [
-            DScoreCallback(n=2, probe_size=30, redraw_every_n_epochs=2),
-            RobustnessCallback(per_class=3, pairs=20, redraw_every_n_epochs=2),
+            DScoreCallback(n=2, budget=None, probe_size=30, redraw_every_n_epochs=2),
+            RobustnessCallback(budget=None, per_class=3, pairs=20, redraw_every_n_epochs=2),
             ModelCheckpoint(dirpath=root / "checkpoints", save_top_k=-1, every_n_epochs=1),
         ]
 
@@ -218,7 +218,7 @@ def test_a_refused_redraw_keeps_the_set_in_use_and_a_resumed_run_does_the_same(t
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     def run(root: Path, ckpt: Path | None = None) -> DScoreCallback:
-        dscore = DScoreCallback(n=2, probe_size=30, redraw_every_n_epochs=2)
+        dscore = DScoreCallback(n=2, budget=None, probe_size=30, redraw_every_n_epochs=2)
         saver = ModelCheckpoint(dirpath=root / "checkpoints", save_top_k=-1, every_n_epochs=1)
         trainer = quick_trainer(root, [dscore, saver], epochs=4, train_batches=2, val_batches=4)
         trainer.fit(CollapsesAt({2}), datamodule=MNISTDataModule(batch_size=50), ckpt_path=ckpt)
@@ -247,14 +247,14 @@ class NothingRight(ClassifierModule):
 
 
 def test_a_model_that_gets_nothing_right_is_waited_for_not_crashed_on(tmp_path: Path) -> None:
-    robustness = RobustnessCallback(per_class=3, min_accuracy=None)
+    robustness = RobustnessCallback(budget=None, per_class=3, min_accuracy=None)
     with pytest.warns(UserWarning, match=r"no probe set at epoch 0: none of the 200 inputs qualified"):
         fit(tmp_path, [robustness], NothingRight(), epochs=1)
     assert robustness.history == []
 
 
 def test_validate_measures_a_model_that_cannot_be_measured_well_and_says_so(tmp_path: Path) -> None:
-    dscore = DScoreCallback(n=2, probe_size=20)
+    dscore = DScoreCallback(n=2, budget=None, probe_size=20)
     trainer = quick_trainer(tmp_path, [dscore], val_batches=4)
     with pytest.warns(UserWarning, match=r"the validation numbers come from a model that cannot be measured well"):
         trainer.validate(LearnsAtEpoch(learns_at=5), datamodule=MNISTDataModule(batch_size=50), verbose=False)

@@ -14,7 +14,7 @@ from dlguard.callbacks import DScoreCallback, FailureReplay, NeuronCoverageCallb
 from dlguard.data import MNISTDataModule
 from dlguard.metrics.functional import digit_sum
 from dlguard.zoo import ClassifierModule, pretrained
-from tests.quick import quick_trainer
+from tests.quick import quick_trainer, split_spent
 
 
 def default_callbacks() -> list:
@@ -52,9 +52,13 @@ def _run(tmp_path: Path, devices: int) -> tuple[dict[str, float], Path]:
 @pytest.mark.slow
 def test_two_processes_report_what_one_process_reports(tmp_path: Path) -> None:
     (single, one), (double, two) = _run(tmp_path / "one", 1), _run(tmp_path / "two", 2)
+    (single, spent_one), (double, spent_two) = split_spent(single), split_spent(double)
     prefixes = ("dscore/", "robustness/", "global_robustness/", "coverage/")
     assert {key.split("/")[0] + "/" for key in single} == set(prefixes)
     assert double == pytest.approx(single, abs=1e-9)
+    # the budget cut both runs' sets alike; the second process adds its two one-input checks per callback
+    assert spent_two == {key: value + 2 for key, value in spent_one.items()}
+    assert set(spent_one) == {"dscore/forward_passes", "robustness/forward_passes"}
     summaries = [json.loads((run / "robustness" / "error_summary.json").read_text()) for run in (one, two)]
     assert summaries[0] == summaries[1]
     # the end-of-run figures are drawn from the same global numbers on rank zero only

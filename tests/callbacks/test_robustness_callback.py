@@ -25,7 +25,7 @@ def short_fit(tmp_path: Path, callbacks: list[L.Callback], epochs: int = 2) -> L
 
 def test_fit_logs_curves_and_writes_the_error_summary(tmp_path: Path) -> None:
     guide = ErrorGuidedAugmentation()
-    callback = RobustnessCallback(per_class=15, pairs=150, guide=guide, combine=digit_sum)
+    callback = RobustnessCallback(budget=None, per_class=15, pairs=150, guide=guide, combine=digit_sum)
     trainer = short_fit(tmp_path, [callback])
     assert [record["epoch"] for record in callback.history] == [0, 1]
     logged = trainer.callback_metrics
@@ -50,7 +50,7 @@ def test_fit_logs_curves_and_writes_the_error_summary(tmp_path: Path) -> None:
 def test_without_an_adder_the_guide_follows_local_robustness(tmp_path: Path) -> None:
     properties = [Property("bright", brightness_scale, (1.5, 3.0)), default_properties()[1]]
     guide = ErrorGuidedAugmentation(properties)
-    callback = RobustnessCallback(properties=properties, per_class=10, guide=guide)
+    callback = RobustnessCallback(properties=properties, budget=None, per_class=10, guide=guide)
     trainer = short_fit(tmp_path, [callback], epochs=1)
     probe = callback.probe_set()
     with torch.no_grad():  # an independent reference: the failure rate of each class under each property
@@ -66,7 +66,9 @@ def test_without_an_adder_the_guide_follows_local_robustness(tmp_path: Path) -> 
 
 
 def test_probe_set_is_balanced_correct_and_fixed(tmp_path: Path) -> None:
-    callback = RobustnessCallback(properties=[Property("bright", brightness_scale, (1.5,))], per_class=10, pairs=20)
+    callback = RobustnessCallback(
+        properties=[Property("bright", brightness_scale, (1.5,))], budget=None, per_class=10, pairs=20
+    )
     trainer = short_fit(tmp_path, [callback], epochs=1)  # drawn at the end of the only epoch
     probe = callback.probe_set()
     images, labels = probe.inputs, probe.target
@@ -79,7 +81,9 @@ def test_probe_set_is_balanced_correct_and_fixed(tmp_path: Path) -> None:
 
 
 def test_too_few_inputs_warn_with_counts_and_the_run_goes_on(tmp_path: Path) -> None:
-    callback = RobustnessCallback(properties=[Property("bright", brightness_scale, (1.5,))], per_class=150, pairs=20)
+    callback = RobustnessCallback(
+        properties=[Property("bright", brightness_scale, (1.5,))], budget=None, per_class=150, pairs=20
+    )
     with pytest.warns(UserWarning, match="fewer than per_class=150"):
         short_fit(tmp_path, [callback], epochs=1)
     assert len(callback.history) == 1
@@ -96,7 +100,7 @@ def test_sweeping_leaves_training_untouched(tmp_path: Path) -> None:
             self.seen.append(torch.cat([batch[1].float(), torch.random.get_rng_state()[:64].float()]))
 
     runs = []
-    for extra in ([], [RobustnessCallback(per_class=5, pairs=20)]):
+    for extra in ([], [RobustnessCallback(budget=None, per_class=5, pairs=20)]):
         recorder = Recorder()
         short_fit(tmp_path, [recorder, *extra])
         runs.append(torch.stack(recorder.seen))
@@ -156,7 +160,7 @@ def test_wandb_gets_robustness_over_training_and_class_failure_rates_without_com
     import wandb
     from lightning.pytorch.loggers import WandbLogger
 
-    callback = RobustnessCallback(per_class=6)  # no combine: no adder, no error summary file
+    callback = RobustnessCallback(budget=None, per_class=6)  # no combine: no adder, no error summary file
     logger = WandbLogger(project="dlguard-test", save_dir=str(tmp_path), offline=True)
     trainer = L.Trainer(
         max_epochs=3, limit_train_batches=2, limit_val_batches=2, callbacks=[callback], logger=logger,

@@ -1,0 +1,158 @@
+"""The cost budget: one argument, the probe set and the GA sized to it, and what a measurement spent, counted."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+
+from dlguard.callbacks import (
+    DScoreCallback,
+    HDACallback,
+    MetamorphicCallback,
+    NeuronCoverageCallback,
+    ObjectRelevancyCallback,
+    RobustnessCallback,
+)
+from dlguard.callbacks.base import DEFAULT_BUDGET
+from dlguard.data import MNISTDataModule
+from dlguard.zoo import ClassifierModule, pretrained
+from tests.quick import quick_trainer
+
+CALLBACKS = [
+    RobustnessCallback,
+    DScoreCallback,
+    MetamorphicCallback,
+    HDACallback,
+    ObjectRelevancyCallback,
+    NeuronCoverageCallback,
+]
+
+
+class CountingModule(ClassifierModule):
+    """``mnist_a`` counting, in its own ``forward``, every input it is run on (a reference the hooks do not share)."""
+
+    def __init__(self, through_net: bool = False) -> None:
+        super().__init__(pretrained("mnist_a"))
+        self.inputs_run = 0
+        self.through_net = through_net
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.inputs_run += len(x)
+        return super().forward(x)
+
+    def validation_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
+        if not self.through_net:
+            return super().validation_step(batch, batch_idx)
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.cross_entropy(self.net(x), y))  # the network, not self
+        return None
+
+
+def _validate(tmp_path: Path, callback: Any, module: CountingModule, batches: int = 3) -> dict[str, Any]:
+    trainer = quick_trainer(tmp_path, [callback], val_batches=batches)
+    trainer.validate(module, datamodule=MNISTDataModule(batch_size=100), verbose=False)
+    return callback.latest
+
+
+@pytest.mark.parametrize("callback", CALLBACKS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("budget", [0, -5, 0.0, -0.5, float("nan"), float("inf"), True, "100", [100]])
+def test_a_budget_that_is_not_positive_is_refused_before_any_work(callback: type, budget: object) -> None:
+    with pytest.raises(ValueError, match=r"^budget: expected a positive int .* or None, got"):
+        callback(budget=budget)
+
+
+def test_the_default_budget_is_documented_once_in_the_base() -> None:
+    assert RobustnessCallback().budget == DEFAULT_BUDGET == 0.2
+    assert RobustnessCallback(budget=300).budget == 300 and RobustnessCallback(budget=None).budget is None
+
+
+@pytest.mark.parametrize(
+    ("make", "passes_per_input", "fixed"),
+    [
+        (lambda b: RobustnessCallback(budget=b), 15, 2),  # 3 properties x 5 levels; width and pass size
+        (lambda b: DScoreCallback(budget=b), 1 + 2 * 9, 2),  # the model, n² mutants, n² translations (n = 3)
+        (lambda b: MetamorphicCallback(budget=b), 37, 37),  # sources + 36 properties, each call reading a width
+    ],
+    ids=["robustness", "dscore", "metamorphic"],
+)
+def test_an_int_budget_sizes_the_probe_set_and_bounds_the_passes_counted_on_the_model(
+    tmp_path: Path, make: Any, passes_per_input: int, fixed: int
+) -> None:
+    budget = 1500
+    module = CountingModule()
+    record = _validate(tmp_path, make(budget), module)
+    spent = record["budget"]
+    loop = 300 + 3  # the validation loop's own inputs; the first-batch check runs two and one for the width
+    assert spent["forward_passes"] == module.inputs_run - loop  # the draw reused the loop's own outputs
+    assert spent["forward_passes"] <= budget == spent["allowed"]
+    most = (budget - fixed) // passes_per_input
+    if isinstance(make(None), RobustnessCallback):
+        most = most // 10 * 10  # a balanced set: the same count in each of the 10 classes
+    assert spent["probe_inputs"] == most
+    assert spent["forward_passes"] == most * passes_per_input + fixed
+
+
+def test_a_float_budget_is_that_multiple_of_the_probe_loaders_distinct_inputs(tmp_path: Path) -> None:
+    record = _validate(tmp_path, DScoreCallback(budget=2.5), CountingModule(), batches=2)
+    assert record["budget"]["allowed"] == math.ceil(2.5 * 200)
+    assert record["budget"]["probe_inputs"] == (500 - 2) // 19
+
+
+def test_no_budget_measures_at_the_callbacks_own_sizes(tmp_path: Path) -> None:
+    record = _validate(tmp_path, DScoreCallback(budget=None, probe_size=40), CountingModule())
+    spent = {"budget": None, "allowed": None, "probe_inputs": 40, "forward_passes": 40 * 19 + 2, "draw_passes": 0}
+    assert record["budget"] == spent
+
+
+def test_a_budget_below_what_a_number_needs_measures_the_smallest_set_and_says_so(tmp_path: Path) -> None:
+    with pytest.warns(UserWarning, match=r"spent 306 forward passes, over budget=10 \(10\)"):
+        record = _validate(tmp_path, DScoreCallback(budget=10), CountingModule())
+    assert record["budget"]["probe_inputs"] == 16  # the smallest uniform set
+    with pytest.warns(UserWarning, match="over budget"):
+        record = _validate(tmp_path / "balanced", RobustnessCallback(budget=10), CountingModule(), batches=10)
+    assert set(record["class_counts"].values()) == {5}  # five per class
+
+
+def test_the_draw_runs_the_model_itself_when_the_loop_did_not(tmp_path: Path) -> None:
+    module = CountingModule(through_net=True)  # validation_step calls the network, so no output is reused
+    record = _validate(tmp_path, DScoreCallback(budget=None, probe_size=40), module)
+    assert record["budget"]["forward_passes"] == 300 + 40 * 19 + 2  # the draw's pass over the loader counts
+    assert record["budget"]["draw_passes"] == 300
+    assert module.inputs_run == record["budget"]["forward_passes"] + 3  # + the first-batch check
+
+
+def test_hda_sizes_seeds_and_iterations_to_the_budget(tmp_path: Path) -> None:
+    population, iterations = 40, 4
+    # three quarters of 1000 buy 3 seeds of 40 x (4 + 1) passes; the rest pays for the candidates
+    callback = HDACallback(budget=1000, k=10, population=population, iterations=iterations)
+    record = _validate(tmp_path, callback, CountingModule(), batches=5)
+    assert (record["seeds"], record["iterations"]) == (750 // (population * (iterations + 1)), iterations)
+    assert record["budget"]["probe_inputs"] == (1000 - 3 * (population * (iterations + 1) + 2) - 2) // 2
+    assert record["budget"]["forward_passes"] <= 1000
+    small = HDACallback(budget=100, k=10, population=40, iterations=30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        record = _validate(tmp_path / "small", small, CountingModule())
+    assert (record["seeds"], record["iterations"]) == (1, 75 // 40 - 1 or 1)  # one seed, the iterations that fit
+
+
+def test_what_a_measurement_spent_is_logged(tmp_path: Path) -> None:
+    import csv
+
+    callback = MetamorphicCallback(budget=800)
+    _validate(tmp_path, callback, CountingModule())
+    with (tmp_path / "metrics.csv").open() as handle:
+        row = next(csv.DictReader(handle))
+    assert float(row["metamorphic/forward_passes"]) == callback.latest["budget"]["forward_passes"]
+
+
+def test_coverage_reads_the_loops_own_passes_and_spends_none(tmp_path: Path) -> None:
+    module = CountingModule()
+    record = _validate(tmp_path, NeuronCoverageCallback(ranges=None, criteria=("nc",)), module)
+    assert record["budget"]["forward_passes"] == 0
