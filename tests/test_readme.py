@@ -26,6 +26,9 @@ def _cases() -> list:
 def test_the_readme_has_its_tour() -> None:
     assert len(BLOCKS) >= 7
     assert any("batch_keys=" in code and "preprocess=" in code and ".fit(" in code for code in BLOCKS)
+    # an RGB project of the user's own: ResNet-18, normalisation, dict batches, every callback, a budget
+    rgb = [code for code in BLOCKS if "resnet18" in code and ".fit(" in code]
+    assert rgb and all(name in rgb[0] for name in ("budget=", '"mask"', "HDACallback", "ObjectRelevancyCallback"))
 
 
 @pytest.mark.parametrize("code", _cases())
