@@ -7,8 +7,11 @@ Prints, in one run on one machine, for ``mnist_a`` and the first correctly class
 1. seeds per second and time per seed of :func:`~dlguard.generate.genetic.two_step_ga` given every
    seed at once -- with its default chunks and passes, and with all populations in one pass --
    against the shape of the authors' implementation: one seed at a time, its population as one
-   batch, the same ``N`` and ``T``; all must return identical test cases (each seed draws from its
-   own generator);
+   batch, the same ``N`` and ``T``; on CPU all must return identical test cases (each seed draws from
+   its own generator); on CUDA, whose kernels depend on the batch size, a fitness tie can break
+   another way and a seed's search take another path, so the three must agree within a tolerance:
+   the seeds that found an AE may differ by a tenth of the seeds, and every test case lies in its
+   seed's ball;
 2. a profile of the batched run: model forward, random numbers, fitness and perceptual quality,
    and the rest (elite, parent choice, crossover, mutation, projection).
 
@@ -48,12 +51,25 @@ def correct_seeds(net: torch.nn.Module, count: int, device: str) -> tuple[torch.
 
 
 def identical(a: GAResult, b: GAResult) -> bool:
-    names = ("examples", "found", "loss", "quality", "first_success", "ae_proportion")
+    names = ("examples", "found", "loss", "quality", "first_success", "ae_proportion")  # logits: last bits vary
     return all(torch.equal(getattr(a, n).nan_to_num(-7.0), getattr(b, n).nan_to_num(-7.0)) for n in names)
 
 
+def agree(a: GAResult, b: GAResult, seeds: torch.Tensor, radius: float, device: torch.device) -> bool:
+    """Identical on CPU; on CUDA the same number of seeds with an AE give or take a tenth, every case in its ball."""
+    if device.type != "cuda":
+        return identical(a, b)
+    slack = max(1, len(seeds) // 10)
+    within = all(
+        bool(((r.examples - seeds[:, None]).abs().amax() <= radius + 1e-5).item()) for r in (a, b)
+    )  # fmt: skip
+    return within and abs(int(a.success.sum()) - int(b.success.sum())) <= slack
+
+
 def one_at_a_time(results: list[GAResult]) -> GAResult:
-    fields = {n: torch.cat([getattr(r, n) for r in results]) for n in ("examples", "found", "loss", "quality")}
+    fields = {
+        n: torch.cat([getattr(r, n) for r in results]) for n in ("examples", "found", "loss", "logits", "quality")
+    }
     fields |= {n: torch.cat([getattr(r, n) for r in results]) for n in ("first_success", "ae_proportion")}
     return GAResult(iterations=results[0].iterations, **fields)
 
@@ -121,10 +137,12 @@ def main() -> None:
         outcome["one_pass"] = two_step_ga(net, seeds, labels, 0.1, **options, max_elements=2**26, max_batch=10**9)
 
     times = timed({"per_seed": per_seed, "batched": batched, "one_pass": one_pass}, device, args.repeats)
-    assert identical(outcome["batched"], outcome["per_seed"]), "batched and per-seed results differ"
-    assert identical(outcome["batched"], outcome["one_pass"]), "results depend on chunking or pass size"
+    for other, what in (("per_seed", "batched and per-seed results differ"),
+                        ("one_pass", "results depend on chunking or pass size")):  # fmt: skip
+        assert agree(outcome["batched"], outcome[other], seeds, 0.1, device), what
     found = int(outcome["batched"].success.sum())
-    print(f"identical test cases all three ways: yes; AEs found for {found} of {len(seeds)} seeds at r = 0.1")
+    how = "identical test cases" if device.type != "cuda" else "test cases agreeing within the tolerance"
+    print(f"{how} all three ways: yes; AEs found for {found} of {len(seeds)} seeds at r = 0.1")
     rows = [
         ("one seed at a time (authors' shape)", "per_seed"),
         ("all seeds, default chunks and passes", "batched"),
