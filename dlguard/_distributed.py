@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -53,7 +51,7 @@ def all_sum(tensor: Tensor) -> Tensor:
     return total.to(tensor.device)
 
 
-def settle(timeout_s: float = 60.0) -> None:
+def settle() -> None:
     """Wait until every rank gets here, so gloo's threads are done with the run's last collective.
 
     A Lightning ``ddp_spawn`` worker exits right after ``fit``. When gloo's worker thread releases
@@ -61,7 +59,7 @@ def settle(timeout_s: float = 60.0) -> None:
     interpreter is finalising, freeing the work's tensors needs the GIL and the worker aborts
     ("terminate called without an active exception", SIGABRT). A barrier at teardown takes a round
     trip between the ranks, long after that release. Gloo only (NCCL's teardown is Lightning's); a
-    no-op in one process.
+    no-op in one process. The group's own timeout applies: rank zero may still be writing figures.
     """
     if world_size() > 1 and dist.get_backend() == "gloo":
-        dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))
+        dist.monitored_barrier()

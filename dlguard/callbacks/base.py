@@ -100,14 +100,17 @@ class ProbeCallback(Callback, ABC):
     - **Cost budget.** ``budget`` bounds the forward passes (inputs through the model) one measurement
       spends beyond the evaluation loop's own: an ``int`` is a count, a ``float`` that multiple of the
       distinct inputs of the loader the probe set is drawn from (as ``limit_val_batches`` reads an int
-      or a fraction; the default ``0.2`` keeps six callbacks within about one more validation epoch),
+      or a fraction; the default ``0.2`` keeps the five that spend within one more validation epoch),
       ``None`` no bound. A callback sizes its probe set to ``budget / (forward passes per probe input)``
       when the set is drawn, and HDA its seeds and GA iterations too, never below what a number needs
       (5 per class for a balanced set, 16 inputs for a uniform one, one HDA seed of one iteration):
       such a measurement spends more and warns. What a measurement spent is counted on the model
-      itself, with the passes the draw made, logged as ``<prefix>/forward_passes`` and kept with the
-      limit and probe size in the record's ``"budget"``. Coverage reads the loop's own passes and
-      spends none.
+      itself, logged as ``<prefix>/forward_passes`` (summed over processes: N processes each add
+      their one-input checks of the logits' width and pass size) and kept with the limit and probe
+      size in the record's ``"budget"``. The draw reuses the validation step's own logits when the
+      step ran the model on the same prepared inputs; otherwise it runs each loader input once, at
+      a draw only, counted as ``draw_passes`` beside the budget. Coverage reads the loop's own passes
+      and spends none.
     - **History and checkpoint.** One record per measurement in ``history``; ``state_dict`` keeps
       the history and the probe set's keys.
     - **Figures.** With a ``WandbLogger`` every measurement's figures go to W&B; without, the latest
@@ -436,7 +439,7 @@ class ProbeCallback(Callback, ABC):
         if self._draw is not None:
             correct = None
             if self._needs_correct():
-                logits = self._loop_outputs.logits(self.adapter, inputs)
+                logits = self._loop_outputs.logits(self.adapter, inputs, self._logits_width)
                 if logits is not None:  # the validation step ran the model on these inputs: its prediction
                     correct = logits.argmax(dim=1) == target.to(logits.device)
                 else:
@@ -519,13 +522,17 @@ class ProbeCallback(Callback, ABC):
             )
         return None
 
-    def _spent(self, stage: str, probe: ProbeSet | None, spent: int) -> dict[str, Any]:
-        """What a measurement was allowed, measured on and spent; warns (once) when it spent more."""
-        allowed = self._allowed.get(stage)
-        if allowed is not None and spent > allowed and not self._warned_over_budget:
+    def _spent(self, stage: str, probe: ProbeSet | None, spent: int, draw_passes: int) -> dict[str, Any]:
+        """What a measurement was allowed, measured on and spent; warns (once) when it spent more.
+
+        The budget bounds the measurement; a draw that could not reuse the validation step's logits
+        (``draw_passes``, one per loader input, at a draw only) is counted in ``forward_passes`` beside it.
+        """
+        allowed, measured = self._allowed.get(stage), spent - draw_passes
+        if allowed is not None and measured > allowed and not self._warned_over_budget:
             self._warned_over_budget = True
             rank_zero_warn(
-                f"{type(self).__name__}: a measurement spent {spent} forward passes, over budget={self.budget} "
+                f"{type(self).__name__}: a measurement spent {measured} forward passes, over budget={self.budget} "
                 f"({allowed}): the smallest probe set a number needs ({probe.size if probe else 0} inputs) costs "
                 "more; raise budget, or lower the callback's per-input cost (fewer properties, levels, mutants)"
             )
@@ -534,6 +541,7 @@ class ProbeCallback(Callback, ABC):
             "allowed": allowed,
             "probe_inputs": 0 if probe is None else probe.size,
             "forward_passes": spent,
+            "draw_passes": draw_passes,
         }
 
     def _skip(self, trainer: L.Trainer, stage: str, reason: str, kept: bool) -> None:
@@ -549,7 +557,7 @@ class ProbeCallback(Callback, ABC):
         """The forward passes a measurement may spend, for a loader of ``seen`` distinct inputs."""
         if self.budget is None:
             return None
-        return self.budget if isinstance(self.budget, int) else ceil(self.budget * seen)
+        return self.budget if isinstance(self.budget, int) else ceil(round(self.budget * seen, 9))  # 1.1 x 100: 110
 
     def _probe_limit(self, seen: int) -> int | None:
         """The most probe inputs the budget pays for (never below what a number needs), or ``None``."""
@@ -558,12 +566,13 @@ class ProbeCallback(Callback, ABC):
         per_input = self._forward_passes(1) - fixed
         if allowed is None or per_input <= 0 or policy is None:
             return None
-        fewest = _FEW * (self._logits_width or 1) if policy.per_class is not None else FEWEST_PROBE_INPUTS
-        return max((allowed - fixed) // per_input, fewest)
+        if policy.per_class is not None:  # the draw keeps at least _FEW per class (a floor every rank agrees on)
+            return max((allowed - fixed) // per_input, 0)
+        return max((allowed - fixed) // per_input, FEWEST_PROBE_INPUTS)
 
     def _finish(self, draw: ProbeSetDraw, stage: str | None = None) -> ProbeSet:
         """The drawn set; a fresh draw (``stage`` given) is cut to the budget, which is kept for ``stage``."""
-        probe = draw.finish(None if stage is None else self._probe_limit)
+        probe = draw.finish(None if stage is None else self._probe_limit, fewest_per_class=_FEW)
         if stage is not None and probe.seen is not None:
             self._allowed[stage] = self._allowed_passes(probe.seen)
             self._drawn_size[stage] = draw.policy.per_class or draw.policy.probe_size
@@ -607,13 +616,13 @@ class ProbeCallback(Callback, ABC):
                 self._allowed[stage], self._drawn_size[stage] = allowed_before, size_before  # the set in use
                 self._skip(trainer, stage, reason, kept=stage in self._probes)
         probe = self._probes.get(stage)
+        draw_passes, self._draw_passes = self._draw_passes, 0
         if self._probe_policy() is not None and probe is None:
             return
-        draw_passes, self._draw_passes = self._draw_passes, 0
         with count_forward_passes(pl_module) as count:
             record, logged = self._measure(trainer, pl_module, probe, stage)
         draw_passes, spent = _distributed.all_sum(torch.tensor([draw_passes, count.inputs + draw_passes])).tolist()
-        record["budget"] = {**self._spent(stage, probe, spent), "draw_passes": draw_passes}
+        record["budget"] = self._spent(stage, probe, spent, draw_passes)
         if self._probe_policy() is not None:
             logged[f"{self.prefix}/forward_passes"] = float(spent)
         undefined = sorted(key for key, value in logged.items() if not math.isfinite(value))

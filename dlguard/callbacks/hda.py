@@ -58,7 +58,7 @@ class HDACallback(ProbeCallback):
     epoch) and the arguments every dlguard callback takes.
 
     Logged metrics:
-        ``hda/ae_proportion`` (share of the ``k·num_best`` test cases that are AEs),
+        ``hda/ae_proportion`` (share of the ``seeds·num_best`` test cases that are AEs),
         ``hda/prediction_loss`` (mean ``J`` of the AEs), ``hda/epsilon`` (mean ``L∞`` distance of the
         AEs to their seeds) -- these two and ``hda/ssim`` only when the measurement found an AE (a
         warning says when it found none) --, ``hda/seed_density`` (mean ``p_g`` of the selected seeds as a share of
@@ -74,13 +74,16 @@ class HDACallback(ProbeCallback):
             the training data (a loader of its own: training's order is untouched), the same on every
             process; a :class:`~dlguard.generate.VAEDistribution` is HDA's own choice when a VAE is at hand.
         fit_inputs: training inputs the default distribution is fitted on.
-        k: seeds per measurement (over all processes).
+        k: seeds per measurement (over all processes), at most: the budget may run fewer (the record's
+            ``"seeds"`` and ``"iterations"`` say what ran).
         probe_size: candidates in the probe set the seeds are selected from (over all processes).
         radius: the ``L∞`` radius ``r`` of the norm balls, in ``(0, 1]`` (MNIST: 0.1).
         indicator: ``"grad"`` (``S_grad``) or ``"sep"`` (``S_sep``).
         population: GA population per seed ``N`` (the paper: 1000).
-        iterations: GA iterations ``T`` (the paper: 100). The defaults, 100 x 30 per seed, are a
-            thirtieth of the paper's forward passes, to leave the callback attached during training.
+        iterations: GA iterations ``T`` (the paper: 100), at most: a budget that cannot pay one seed
+            at ``T`` runs one seed with the iterations it pays for. The defaults, 100 x 30 per seed, are
+            a thirtieth of the paper's forward passes, to leave the callback attached during training;
+            one seed then costs ``100 · 31`` passes, so a budget under about 4,200 runs fewer iterations.
         num_best: test cases kept per seed ``m``.
         perceptual: the GA's perceptual term: ``"mse"``, ``"psnr"`` or ``"ssim"``.
         alpha: weight of the perceptual term.
@@ -183,7 +186,7 @@ class HDACallback(ProbeCallback):
         per_seed = population * (iterations + 1)
         if share >= per_seed:
             return min(self.k, share // per_seed), iterations
-        return 1, max(1, share // population - 1)
+        return 1, min(iterations, max(1, share // population - 1))
 
     def _probe_limit(self, seen: int) -> int | None:
         allowed = self._allowed_passes(seen)
@@ -191,7 +194,8 @@ class HDACallback(ProbeCallback):
             return None
         seeds, iterations = self._plan(allowed)
         search = seeds * (self.ga["population"] * (iterations + 1) + 2) + 2  # and a few single inputs
-        return max((allowed - search) // 2, FEWEST_PROBE_INPUTS)  # a candidate: its logits and its gradient
+        per_candidate = 3 if self.indicator == "sep" else 2  # its logits, and its gradient or its separation
+        return max((allowed - search) // per_candidate, FEWEST_PROBE_INPUTS)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)

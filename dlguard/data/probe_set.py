@@ -240,14 +240,15 @@ class ProbeSetDraw:
                 return tuple(shape.tolist())
         return ()
 
-    def finish(self, limit: Callable[[int], int | None] | None = None) -> ProbeSet:
+    def finish(self, limit: Callable[[int], int | None] | None = None, fewest_per_class: int = 1) -> ProbeSet:
         """The probe set (every process calls this: keys are gathered to choose the global draw).
 
         Args:
             limit: ``limit(seen)`` -> the most inputs the set may hold, given the distinct inputs the
                 batches offered (``None``: the policy's size). A ``per_class`` draw keeps
-                ``limit // classes offered`` per class (at least one). The smaller set is the larger
-                one's smallest keys: what a draw of that size would have chosen. Not applied to a restore.
+                ``limit // classes offered`` per class. The smaller set is the larger one's smallest
+                keys: what a draw of that size would have chosen. Not applied to a restore.
+            fewest_per_class: a ``per_class`` draw cut by ``limit`` keeps at least this many per class.
         """
         shape = self._sample_shape()
         if self._keys is None:
@@ -263,7 +264,7 @@ class ProbeSetDraw:
         chosen = torch.arange(every.shape[1], device=keys.device)
         seen = self._seen_everywhere()
         if self.restore is None:
-            chosen = _select(every[0], every[1], self._limited(limit, seen))
+            chosen = _select(every[0], every[1], self._limited(limit, seen, fewest_per_class))
         mine = owner[chosen] == _distributed.rank()
         local = torch.isin(keys, every[0, chosen[mine]])
         order = keys[local].argsort()
@@ -282,7 +283,7 @@ class ProbeSetDraw:
         self._check(probe, seen.shape[1])
         return probe
 
-    def _limited(self, limit: Callable[[int], int | None] | None, seen: Tensor) -> ProbeSetPolicy:
+    def _limited(self, limit: Callable[[int], int | None] | None, seen: Tensor, fewest: int) -> ProbeSetPolicy:
         """The policy, its size cut to ``limit(seen)`` (the size the draw uses and checks against)."""
         cap = None if limit is None else limit(seen.shape[1])
         if cap is None:
@@ -292,7 +293,8 @@ class ProbeSetDraw:
         else:
             assert self.policy.per_class is not None
             classes = max(1, len(_counts(seen[1])))
-            self.policy = replace(self.policy, per_class=max(1, min(self.policy.per_class, cap // classes)))
+            per_class = min(self.policy.per_class, max(fewest, cap // classes, 1))
+            self.policy = replace(self.policy, per_class=per_class)
         return self.policy
 
     def _seen_everywhere(self) -> Tensor:

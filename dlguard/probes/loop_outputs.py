@@ -36,7 +36,7 @@ class LoopOutputs:
 
     def __init__(self) -> None:
         self._handle: RemovableHandle | None = None
-        self._calls: list[tuple[Tensor, Any]] = []
+        self._calls: list[tuple[Tensor, int | None, Any]] = []  # argument, its version at the call, output
 
     def start(self, model: nn.Module) -> None:
         """Forget earlier calls and record the calls of ``model`` from now on."""
@@ -45,9 +45,9 @@ class LoopOutputs:
         self._handle = model.register_forward_hook(self._record, with_kwargs=True)
 
     def _record(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-        first = next((a for a in (*args, *kwargs.values()) if isinstance(a, Tensor)), None)
-        if first is not None:
-            self._calls.append((first.detach(), output))
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, Tensor)]
+        if len(tensors) == 1 and not kwargs:  # model(x): a call with options may return something else
+            self._calls.append((tensors[0], _version(tensors[0]), output))
 
     def stop(self) -> None:
         """Stop recording (the hook is removed; what was recorded stays until the next :meth:`start`)."""
@@ -60,18 +60,34 @@ class LoopOutputs:
         self.stop()
         self._calls = []
 
-    def logits(self, adapter: ModelAdapter, inputs: Tensor) -> Tensor | None:
-        """The loop's ``(B, K)`` output on ``inputs`` through ``adapter``; ``None`` when the loop did not run them."""
+    def logits(self, adapter: ModelAdapter, inputs: Tensor, width: int | None = None) -> Tensor | None:
+        """The loop's ``(B, K)`` output on ``inputs`` through ``adapter``; ``None`` when the loop did not run them.
+
+        Only calls with one tensor argument and no keyword count, whose argument was not changed in
+        place after the call, and whose output reads as ``(B, width)`` logits through ``output_transform``.
+        """
         if not self._calls:
             return None
         with torch.no_grad():
             prepared = adapter.prepare(inputs)
-            for argument, output in self._calls:
-                if argument.shape != prepared.shape or argument.dtype != prepared.dtype:
+            for argument, version, output in self._calls:
+                if _version(argument) != version or argument.shape != prepared.shape:
                     continue
-                if argument.device != prepared.device or not torch.equal(argument, prepared):
+                if argument.dtype != prepared.dtype or argument.device != prepared.device:
                     continue
-                logits = adapter.finish(output)
-                if isinstance(logits, Tensor) and logits.ndim == 2 and len(logits) == len(inputs):
+                if not torch.equal(argument, prepared):
+                    continue
+                try:
+                    logits = adapter.finish(output)
+                except Exception:  # an output_transform written for another call's output
+                    continue
+                if not isinstance(logits, Tensor) or logits.ndim != 2 or len(logits) != len(inputs):
+                    continue
+                if width is None or logits.shape[1] == width:
                     return logits
         return None
+
+
+def _version(tensor: Tensor) -> int | None:
+    """How often ``tensor`` was changed in place (``None`` for an inference tensor, which keeps no count)."""
+    return None if tensor.is_inference() else tensor._version

@@ -156,3 +156,15 @@ def test_coverage_reads_the_loops_own_passes_and_spends_none(tmp_path: Path) -> 
     module = CountingModule()
     record = _validate(tmp_path, NeuronCoverageCallback(ranges=None, criteria=("nc",)), module)
     assert record["budget"]["forward_passes"] == 0
+
+
+def test_a_float_budget_is_rounded_as_written_not_as_stored() -> None:
+    assert DScoreCallback(budget=1.1)._allowed_passes(100) == 110  # 1.1 * 100 is 110.00000000000001 in floats
+    assert DScoreCallback(budget=0.2)._allowed_passes(999) == 200
+
+
+def test_hda_with_the_separation_indicator_stays_within_its_budget(tmp_path: Path) -> None:
+    callback = HDACallback(budget=1000, k=10, population=40, iterations=4, indicator="sep")
+    record = _validate(tmp_path, callback, CountingModule(), batches=5)
+    assert record["budget"]["forward_passes"] <= 1000
+    assert record["budget"]["probe_inputs"] == (1000 - 3 * (40 * 5 + 2) - 2) // 3  # logits, separation, selection
