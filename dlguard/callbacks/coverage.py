@@ -95,7 +95,8 @@ class NeuronCoverageCallback(ProbeCallback):
             profiling, as the model sees them during validation, e.g. ``Normalize``),
             ``output_transform``, ``batch_keys`` (how to read the inputs of the training and
             evaluation batches), ``start_epoch`` (the first epoch counted; coverage draws no probe
-            set, so ``min_accuracy`` and ``redraw_every_n_epochs`` do not apply): see
+            set, so ``min_accuracy``, ``redraw_every_n_epochs`` and ``budget`` do not apply: it reads
+            the loop's own passes and spends none): see
             :class:`~dlguard.callbacks.ProbeCallback`.
 
     Example:

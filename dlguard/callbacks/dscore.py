@@ -56,7 +56,8 @@ class DScoreCallback(ProbeCallback):
         num_classes: ``K``; default the width of the model's logits.
         max_batch: rows per forward pass (``None``: a memory budget, :func:`~dlguard.probes.default_max_batch`).
         **options: ``every_n_epochs``, ``preprocess``, ``output_transform``, ``batch_keys``, ``dataloader_idx``,
-            ``seed``, ``start_epoch``, ``min_accuracy``, ``redraw_every_n_epochs``: see
+            ``seed``, ``start_epoch``, ``min_accuracy``, ``redraw_every_n_epochs``, ``budget`` (a probe
+            input costs ``1 + 2n²`` passes): see
             :class:`~dlguard.callbacks.ProbeCallback`.
 
     Example:

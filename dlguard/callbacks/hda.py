@@ -101,7 +101,8 @@ class HDACallback(ProbeCallback):
             :func:`~dlguard.probes.default_max_batch`; the GA sizes its own passes).
         **options: ``every_n_epochs``, ``preprocess``, ``output_transform``, ``batch_keys``, ``dataloader_idx``,
             ``seed`` (here also the seed of the held-out draw and the GA), ``start_epoch``, ``min_accuracy``,
-            ``redraw_every_n_epochs``: see :class:`~dlguard.callbacks.ProbeCallback`.
+            ``redraw_every_n_epochs``, ``budget`` (three quarters to the GA, as many seeds at the full
+            ``iterations`` as fit; the rest to the candidates): see :class:`~dlguard.callbacks.ProbeCallback`.
 
     Example:
         >>> import lightning as L

@@ -74,7 +74,8 @@ class MetamorphicCallback(ProbeCallback):
         max_batch: inputs per forward pass (``None``: a memory budget, :func:`~dlguard.probes.default_max_batch`).
         **options: ``every_n_epochs``, ``preprocess``, ``output_transform`` (to logits, or to predictions for
             regression), ``batch_keys``, ``dataloader_idx``, ``seed``, ``start_epoch``, ``min_accuracy``,
-            ``redraw_every_n_epochs``: see :class:`~dlguard.callbacks.ProbeCallback`.
+            ``redraw_every_n_epochs``, ``budget`` (a probe input costs one pass per property level and
+            one for itself): see :class:`~dlguard.callbacks.ProbeCallback`.
 
     Example:
         >>> import lightning as L

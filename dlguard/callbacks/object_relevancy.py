@@ -76,7 +76,8 @@ class ObjectRelevancyCallback(ProbeCallback):
         max_batch: inputs per forward pass (``None``: a memory budget, :func:`~dlguard.probes.default_max_batch`).
         **options: ``every_n_epochs``, ``preprocess``, ``output_transform``, ``batch_keys``, ``dataloader_idx``,
             ``seed`` (here also the seed of the default backgrounds), ``start_epoch``, ``min_accuracy``,
-            ``redraw_every_n_epochs``: see :class:`~dlguard.callbacks.ProbeCallback`.
+            ``redraw_every_n_epochs``, ``budget`` (a probe input costs itself and its ``2N + 14``
+            follow-ups): see :class:`~dlguard.callbacks.ProbeCallback`.
 
     Example:
         >>> import lightning as L

@@ -88,7 +88,8 @@ class RobustnessCallback(ProbeCallback):
         max_batch: rows per forward pass (``None``: a memory budget, :func:`~dlguard.probes.default_max_batch`).
         **options: ``every_n_epochs``, ``preprocess``, ``output_transform``, ``batch_keys``, ``dataloader_idx``,
             ``seed`` (here also the seed of the pairs and of unkeyed random properties), ``start_epoch``,
-            ``min_accuracy``, ``redraw_every_n_epochs``: see :class:`~dlguard.callbacks.ProbeCallback`.
+            ``min_accuracy``, ``redraw_every_n_epochs``, ``budget`` (a probe input costs one pass per
+            property level; the budget cuts ``per_class``): see :class:`~dlguard.callbacks.ProbeCallback`.
 
     Example:
         >>> import lightning as L
