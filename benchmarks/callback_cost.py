@@ -3,11 +3,13 @@
     python benchmarks/callback_cost.py [--model mnist_a|resnet18] [--val-size 500] [--device cpu|cuda]
 
 For each dlguard callback alone at its default settings (``budget=0.2``: a fifth of a validation
-epoch's forward passes per measurement), and for all six together, ``trainer.validate`` over
-``--val-size`` validation inputs (batches of 100) is timed against the same ``trainer.validate``
-without callbacks, twice with the same callbacks: the first measurement (the probe set is drawn,
-coverage profiles its neuron ranges on the training data, object relevancy makes its follow-ups) and
-a later one (what every further validation epoch of a fit costs). The script prints
+epoch's forward passes per measurement), and for all six together, a two-epoch ``trainer.fit`` (one
+training batch per epoch) validates on ``--val-size`` inputs (batches of 100), and each validation
+epoch -- from its start to the end of the last callback's measurement -- is timed against the same
+epoch of the same fit without callbacks: the first measurement (the probe set is drawn, coverage
+profiles its neuron ranges on the training data, object relevancy makes its follow-ups) and a later
+one (what every further validation epoch of a fit costs). The figures a callback writes once, when
+the fit ends, are outside both. The script prints
 
 - the ratio of the wall times (what attaching the callback costs a validation epoch), and
 - the callback's throughput: the images its own forward passes pushed through the model, per second
@@ -25,6 +27,7 @@ callback's first measurement. Forward passes are counted with a hook on the netw
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import tempfile
 import time
@@ -120,21 +123,49 @@ def callbacks(options: dict[str, Any], train: Tensor) -> dict[str, Callable[[], 
     }
 
 
-def validate(module: L.LightningModule, data: Data, attached: list[L.Callback], device: str) -> tuple[float, int]:
-    """Seconds of one ``trainer.validate`` and the images the network's forward passes took."""
-    rows = [0]
-    handle = module.net.register_forward_hook(lambda net, args, out: rows.__setitem__(0, rows[0] + len(args[0])))
+class EpochTimer(L.Callback):
+    """Seconds of each validation epoch and the images the network ran in it.
+
+    :meth:`starter` goes first in the trainer's callbacks (it starts the clock before any callback's
+    epoch start: coverage profiles there), the timer itself last (it stops after every measurement).
+    """
+
+    def __init__(self, net: nn.Module, device: str) -> None:
+        self.net, self.device = net, device
+        self.epochs: list[tuple[float, int]] = []
+        timer = self
+
+        class Starter(L.Callback):
+            def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+                timer.rows = [0]
+                timer.handle = net.register_forward_hook(
+                    lambda _, a, out: timer.rows.__setitem__(0, timer.rows[0] + len(a[0]))
+                )
+                timer.start = time.perf_counter()
+
+        self.starter = Starter()
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        self.epochs.append((time.perf_counter() - self.start, self.rows[0]))
+        self.handle.remove()
+
+
+def validation_epochs(
+    net: nn.Module, normalize: bool, data: Data, attached: list[L.Callback], device: str
+) -> list[tuple[float, int]]:
+    """``(seconds, images)`` of the two validation epochs of a two-epoch fit (one training batch each)."""
+    module = Classifier(copy.deepcopy(net), normalize=normalize)
+    timer = EpochTimer(module.net, device)
     trainer = L.Trainer(
-        accelerator=device, devices=1, callbacks=attached, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, enable_checkpointing=False, default_root_dir=ROOT,
+        accelerator=device, devices=1, callbacks=[timer.starter, *attached, timer], logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=False, default_root_dir=ROOT, max_epochs=2,
+        limit_train_batches=1, num_sanity_val_steps=0,
     )  # fmt: skip
-    start = time.perf_counter()
-    trainer.validate(module, datamodule=data, verbose=False)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    handle.remove()
-    return seconds, rows[0]
+    trainer.fit(module, datamodule=data)
+    return timer.epochs
 
 
 def main() -> None:
@@ -148,12 +179,13 @@ def main() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     torch.manual_seed(0)
     net, data, options, train = setting(args.model, args.val_size)
-    module = Classifier(net, normalize=args.model == "resnet18")
+    normalize = args.model == "resnet18"
     makers = callbacks(options, train)
-    validate(module, data, [], args.device)  # warm-up
-    plain, plain_rows = validate(module, data, [], args.device)
+    validation_epochs(net, normalize, data, [], args.device)  # warm-up
+    plain_epochs = validation_epochs(net, normalize, data, [], args.device)
+    plain, plain_rows = plain_epochs[1]
     plain_rate = plain_rows / plain
-    print(f"{args.model}, {args.val_size} validation inputs, {args.device}: plain validation {plain:.2f} s "
+    print(f"{args.model}, {args.val_size} validation inputs, {args.device}: plain validation epoch {plain:.2f} s "
           f"({plain_rate:.0f} images/s)\n")  # fmt: skip
     print("| callback | measurement | validation with it | ratio | images its passes took |", end="")
     print(" its images/s over the loop's |")
@@ -161,8 +193,8 @@ def main() -> None:
     runs = {name: [make()] for name, make in makers.items()}
     runs["all six together"] = [make() for make in makers.values()]
     for name, attached in runs.items():
-        for which in ("first", "later"):
-            seconds, rows = validate(module, data, attached, args.device)
+        epochs = validation_epochs(net, normalize, data, attached, args.device)
+        for which, (seconds, rows), (plain, plain_rows) in zip(("first", "later"), epochs, plain_epochs, strict=True):
             extra_rows, extra_seconds = rows - plain_rows, max(seconds - plain, 1e-9)
             speed = extra_rows / extra_seconds / plain_rate
             print(f"| {name} | {which} | {seconds:.2f} s | {seconds / plain:.1f}x | {extra_rows} | {speed:.2f} |")

@@ -20,6 +20,7 @@ from dlguard.data.probe_set import ProbeSet, ProbeSetPolicy
 from dlguard.generate.distribution import GlobalDistribution, PCADistribution
 from dlguard.generate.genetic import check_ga_options
 from dlguard.generate.hda import HDARun, HeldOut, check_distribution, check_indicator, hda_test
+from dlguard.generate.seeds import NoCorrectCandidateError
 from dlguard.metrics.ae_quality import AEQuality
 from dlguard.metrics.functional.hda import prediction_loss
 from dlguard.metrics.global_robustness import EmpiricalGlobalRobustness
@@ -246,22 +247,31 @@ class HDACallback(ProbeCallback):
             self._fitted_here = True
         self.distribution.to(self.adapter.device)
         seeds, iterations = self._plan(self._allowed.get(stage))
-        run = hda_test(
-            self.adapter,
-            probe.inputs,
-            probe.target,
-            self.distribution,
-            k=seeds,
-            radius=self.radius,
-            indicator=self.indicator,  # type: ignore[arg-type]
-            keys=probe.keys if probe.seed == self.seed else content_keys(probe.inputs, self.seed),  # a redrawn set
-            seed=self.seed,
-            max_batch=self.max_batch,
-            holdout=self.holdout,
-            heldout=self.heldout,
-            validate_args=False,  # the probe draw checked the values
-            **{**self.ga, "iterations": iterations},
-        )
+        try:
+            run = hda_test(
+                self.adapter,
+                probe.inputs,
+                probe.target,
+                self.distribution,
+                k=seeds,
+                radius=self.radius,
+                indicator=self.indicator,  # type: ignore[arg-type]
+                keys=probe.keys if probe.seed == self.seed else content_keys(probe.inputs, self.seed),  # redrawn
+                seed=self.seed,
+                max_batch=self.max_batch,
+                holdout=self.holdout,
+                heldout=self.heldout,
+                validate_args=False,  # the probe draw checked the values
+                **{**self.ga, "iterations": iterations},
+            )
+        except NoCorrectCandidateError as error:  # every process reaches it: the correct mask is gathered first
+            # the set was drawn from predictions made in another pass (the validation step's, or an earlier
+            # model's); a near-tie can flip: no seed to search around is a measurement without numbers, not a crash
+            rank_zero_warn(
+                f"HDACallback: epoch {trainer.current_epoch}: {error}; of the {probe.size} probe inputs the model "
+                "classifies none correctly now, so there is no seed and nothing is logged"
+            )
+            return {"seeds": 0, "iterations": iterations}, {}
         self.last_run = run
         if self.heldout is None and stage == "validation":
             self.heldout = run.heldout

@@ -22,7 +22,12 @@ from dlguard.generate.gradients import input_gradients, loss_gradient
 from dlguard.probes.adapter import ModelAdapter
 from dlguard.probes.evaluation import evaluation
 
-__all__ = ["gradient_indicator", "seed_scores", "select_seeds", "separation_indicator"]
+__all__ = ["NoCorrectCandidateError", "gradient_indicator", "seed_scores", "select_seeds", "separation_indicator"]
+
+
+class NoCorrectCandidateError(ValueError):
+    """No candidate seed is classified correctly: nothing to select seeds from (a ``ValueError``)."""
+
 
 Vulnerability = Literal["high", "low"]
 
@@ -256,7 +261,7 @@ def select_seeds(
             raise ValueError(f"tie_break: expected ({size},) real keys without NaN, got {tuple(tie_break.shape)}")
     candidates = correct.to(device).nonzero().squeeze(1)
     if len(candidates) == 0:
-        raise ValueError("correct: no candidate is marked correct (nothing to select seeds from)")
+        raise NoCorrectCandidateError("correct: no candidate is marked correct (nothing to select seeds from)")
     if k > len(candidates):
         warnings.warn(
             f"select_seeds: k = {k} seeds asked for but there are only {len(candidates)} candidates; "

@@ -387,3 +387,22 @@ def test_noise_scaled_to_the_radius_finds_what_the_spec_s_noise_does_not() -> No
     assert callback.ga["mutation_std"] == pytest.approx(0.2 * MUTATION_STD_PER_RADIUS) == pytest.approx(0.02)
     assert callback.ga["init_std"] == pytest.approx(0.2 * INIT_STD_PER_RADIUS) == pytest.approx(0.1)
     assert HDACallback(mutation_std=0.003).ga["mutation_std"] == 0.003
+
+
+class BatchSizeDependent(ClassifierModule):
+    """Class 0 on batches of 50 (the validation loop's), class 1 on any other: a prediction another pass flips."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = x.flatten(1)[:, :10] * 0.0  # depends on x, so input gradients exist
+        return logits + 5.0 * torch.nn.functional.one_hot(torch.tensor(0 if len(x) == 50 else 1), 10).to(logits)
+
+
+def test_a_probe_set_the_model_no_longer_gets_right_is_skipped_not_crashed(tmp_path: Path, distribution) -> None:
+    # the draw keeps the digits the loop's own pass (batches of 50) predicts right: the zeros; HDA's own pass
+    # on the 40 candidates predicts class 1 for all of them, so no seed is correct: no numbers, a warning
+    callback = HDACallback(distribution=distribution, min_accuracy=None, **SMALL)
+    trainer = quick_trainer(tmp_path, [callback], val_batches=4)
+    with pytest.warns(UserWarning, match="classifies none correctly now, so there is no seed and nothing is logged"):
+        trainer.validate(BatchSizeDependent(pretrained("mnist_a")), datamodule=MNISTDataModule(batch_size=50))
+    assert callback.probe_set().size > 0 and set(callback.probe_set().target.tolist()) == {0}
+    assert callback.latest["seeds"] == 0 and set(callback.latest["logged"]) == {"hda/forward_passes"}
