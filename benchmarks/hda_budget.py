@@ -1,0 +1,50 @@
+"""What HDACallback runs and finds at a given budget: seeds, GA iterations, AEs and forward passes.
+
+    python benchmarks/hda_budget.py [--budgets 0.2 1.0 4200 10.0]
+
+For each budget (an int: forward passes; a float: that multiple of the 1,000 validation digits), one
+``trainer.validate`` of ``mnist_a`` with ``HDACallback(budget=...)`` at its other defaults (a PCA
+distribution fitted on the training digits, population 100, 30 iterations, radius 0.1) prints the
+seeds and iterations the budget paid for, the candidates, the passes spent, and what was found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+import warnings
+
+import lightning as L
+
+from dlguard.callbacks import HDACallback
+from dlguard.data import MNISTDataModule
+from dlguard.zoo import ClassifierModule, pretrained
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--budgets", nargs="+", default=["0.2", "1.0", "4200", "10.0"])
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    print("| budget | seeds x iterations | candidates | forward passes | AE proportion | J | epsilon |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for text in args.budgets:
+        budget = float(text) if "." in text else int(text)
+        callback = HDACallback(budget=budget)
+        trainer = L.Trainer(
+            callbacks=[callback], logger=False, enable_progress_bar=False, enable_model_summary=False,
+            enable_checkpointing=False, default_root_dir=tempfile.mkdtemp(prefix="dlguard-hda-budget-"),
+        )  # fmt: skip
+        trainer.validate(ClassifierModule(pretrained("mnist_a")), datamodule=MNISTDataModule(batch_size=250))
+        record, logged = callback.latest, callback.latest["logged"]
+        spent = record["budget"]
+        found = [f"{logged[k]:.2f}" if k in logged else "-" for k in ("hda/prediction_loss", "hda/epsilon")]
+        print(f"| {text} | {record['seeds']} x {record['iterations']} | {spent['probe_inputs']} | "
+              f"{spent['forward_passes']} | {logged['hda/ae_proportion']:.2f} | {found[0]} | {found[1]} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
