@@ -1,11 +1,12 @@
 """What HDACallback runs and finds at a given budget: seeds, GA iterations, AEs and forward passes.
 
-    python benchmarks/hda_budget.py [--budgets 0.2 1.0 4200 10.0]
+    python benchmarks/hda_budget.py [--budgets 0.2 1.0 4200 10.0 42000] [--no-gradient-start]
 
 For each budget (an int: forward passes; a float: that multiple of the 1,000 validation digits), one
 ``trainer.validate`` of ``mnist_a`` with ``HDACallback(budget=...)`` at its other defaults (a PCA
-distribution fitted on the training digits, population 100, 30 iterations, radius 0.1) prints the
-seeds and iterations the budget paid for, the candidates, the passes spent, and what was found.
+distribution fitted on the training digits, population 100, 30 iterations, radius 0.1, a gradient
+start) prints the seeds, population and iterations the budget paid for, the candidates, the passes
+spent, and what was found; ``--no-gradient-start`` runs SPEC §4's black-box GA on the same plan.
 """
 
 from __future__ import annotations
@@ -24,16 +25,17 @@ from dlguard.zoo import ClassifierModule, pretrained
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--budgets", nargs="+", default=["0.2", "1.0", "4200", "10.0"])
+    parser.add_argument("--budgets", nargs="+", default=["0.2", "1.0", "4200", "10.0", "42000"])
+    parser.add_argument("--no-gradient-start", action="store_true", help="the paper's GA, random start only")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     for name in ("lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    print("| budget | seeds x iterations | candidates | forward passes | AE proportion | J | epsilon |")
+    print("| budget | seeds x population x iterations | candidates | forward passes | AE proportion | J | epsilon |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for text in args.budgets:
         budget = float(text) if "." in text else int(text)
-        callback = HDACallback(budget=budget)
+        callback = HDACallback(budget=budget, gradient_start=not args.no_gradient_start)
         trainer = L.Trainer(
             callbacks=[callback], logger=False, enable_progress_bar=False, enable_model_summary=False,
             enable_checkpointing=False, default_root_dir=tempfile.mkdtemp(prefix="dlguard-hda-budget-"),
@@ -42,7 +44,8 @@ def main() -> None:
         record, logged = callback.latest, callback.latest["logged"]
         spent = record["budget"]
         found = [f"{logged[k]:.2f}" if k in logged else "-" for k in ("hda/prediction_loss", "hda/epsilon")]
-        print(f"| {text} | {record['seeds']} x {record['iterations']} | {spent['probe_inputs']} | "
+        plan = f"{record['seeds']} x {record['population']} x {record['iterations']}"
+        print(f"| {text} | {plan} | {spent['probe_inputs']} | "
               f"{spent['forward_passes']} | {logged['hda/ae_proportion']:.2f} | {found[0]} | {found[1]} |")  # fmt: skip
 
 

@@ -32,6 +32,8 @@ MUTATION_STD_PER_RADIUS = 0.1
 """The GA's default mutation standard deviation, as a share of the radius."""
 INIT_STD_PER_RADIUS = 0.5
 """The GA's default initial-noise standard deviation, as a share of the radius."""
+_ELITE = 20
+"""The GA's elite (:func:`~dlguard.generate.two_step_ga`'s default): a population holds more."""
 
 
 class HDACallback(ProbeCallback):
@@ -76,15 +78,17 @@ class HDACallback(ProbeCallback):
             process; a :class:`~dlguard.generate.VAEDistribution` is HDA's own choice when a VAE is at hand.
         fit_inputs: training inputs the default distribution is fitted on.
         k: seeds per measurement (over all processes), at most: the budget may run fewer (the record's
-            ``"seeds"`` and ``"iterations"`` say what ran).
+            ``"seeds"``, ``"population"`` and ``"iterations"`` say what ran).
         probe_size: candidates in the probe set the seeds are selected from (over all processes).
         radius: the ``L∞`` radius ``r`` of the norm balls, in ``(0, 1]`` (MNIST: 0.1).
         indicator: ``"grad"`` (``S_grad``) or ``"sep"`` (``S_sep``).
-        population: GA population per seed ``N`` (the paper: 1000).
+        population: GA population per seed ``N`` (the paper: 1000), at most: a budget that cannot pay
+            ``k`` initial populations runs smaller ones (down to 21).
         iterations: GA iterations ``T`` (the paper: 100), at most: a budget that cannot pay one seed
-            at ``T`` runs one seed with the iterations it pays for. The defaults, 100 x 30 per seed, are
-            a thirtieth of the paper's forward passes, to leave the callback attached during training;
-            one seed then costs ``100 · 31`` passes, so a budget under about 4,200 runs fewer iterations.
+            at ``T`` runs every seed with the iterations it pays for, down to none (the initial
+            population only). The defaults, 100 x 30 per seed, are a thirtieth of the paper's forward
+            passes, to leave the callback attached during training; one seed then costs ``100 · 31``
+            passes, so a budget under about 41,400 runs fewer iterations (:meth:`_plan`).
         num_best: test cases kept per seed ``m``.
         perceptual: the GA's perceptual term: ``"mse"``, ``"psnr"`` or ``"ssim"``.
         alpha: weight of the perceptual term.
@@ -95,6 +99,10 @@ class HDACallback(ProbeCallback):
             with 100 x 20 or 200 x 50, against 4 and 7 of 20 with noise scaled to the radius (the
             test ``test_noise_scaled_to_the_radius_finds_what_the_spec_s_noise_does_not``). Pass 0.003
             and 0.01 for the paper's GA.
+        gradient_start: start each seed's GA from its fast-gradient-sign point too (one backward pass
+            per seed; :func:`~dlguard.generate.hda_test`). A departure from SPEC §4's black-box GA, on by
+            default: at the default budget the GA runs one or a few iterations, and random noise alone
+            finds no AE there (``benchmarks/hda_budget.py``). ``False``: the paper's GA.
         holdout: share of the seeds whose test cases are held out for ``R̂_g`` (never replayed).
         bank: a :class:`~dlguard.data.FailureBank` receiving the other seeds' AEs, or ``None``.
         gallery: seeds shown, each beside its best AE, in the gallery.
@@ -134,6 +142,7 @@ class HDACallback(ProbeCallback):
         alpha: float = 1.0,
         mutation_std: float | None = None,
         init_std: float | None = None,
+        gradient_start: bool = True,
         holdout: float = 0.25,
         bank: FailureBank | None = None,
         gallery: int = 8,
@@ -160,6 +169,9 @@ class HDACallback(ProbeCallback):
         self._fitted_here = False  # the default distribution, fitted by this callback (kept in its checkpoint)
         self.indicator, self.ga = indicator, ga
         """The GA's arguments (``population``, ``iterations``, ``num_best``, ``perceptual``, ``alpha``...)."""
+        if not isinstance(gradient_start, bool):
+            raise ValueError(f"gradient_start: expected True or False, got {gradient_start!r}")
+        self.gradient_start = gradient_start
         self.holdout = probability("holdout", holdout)
         self.bank, self.gallery, self.max_batch = bank, gallery, max_batch
         self.heldout: HeldOut | None = None
@@ -175,27 +187,33 @@ class HDACallback(ProbeCallback):
     def _probe_policy(self) -> ProbeSetPolicy:
         return ProbeSetPolicy(probe_size=self.probe_size, correct_only=True, seed=self.seed)
 
-    def _plan(self, allowed: int | None) -> tuple[int, int]:
-        """``(seeds, iterations)`` the budget pays for: three quarters of it go to the GA.
+    def _plan(self, allowed: int | None) -> tuple[int, int, int]:
+        """``(seeds, population, iterations)`` the budget pays for: three quarters of it go to the GA.
 
-        Each seed costs ``population · (iterations + 1)`` forward passes; when even one seed at the
-        full ``iterations`` does not fit, one seed runs as many iterations as fit (at least one).
+        Seeds come before iterations (each seed is one more chance of an AE, and one more for the
+        bank): a seed costs ``population · (iterations + 1)`` forward passes. When ``k`` seeds at the
+        full ``iterations`` do not fit, all ``k`` run the iterations that fit, down to none (their
+        initial population only); when even that does not fit, the population shrinks (to no fewer
+        than ``elite + 1`` = 21 individuals) and as many seeds as fit run their initial population --
+        with ``gradient_start``, a fast-gradient-sign point among random ones, the best kept.
         """
         population, iterations = self.ga["population"], self.ga["iterations"]
         if allowed is None:
-            return self.k, iterations
+            return self.k, population, iterations
         share = allowed * 3 // 4
-        per_seed = population * (iterations + 1)
-        if share >= per_seed:
-            return min(self.k, share // per_seed), iterations
-        return 1, min(iterations, max(1, share // population - 1))
+        if share >= self.k * population:
+            return self.k, population, min(iterations, share // (self.k * population) - 1)
+        smallest = min(population, _ELITE + 1)
+        population = max(smallest, share // self.k)
+        return max(1, min(self.k, share // population)), population, 0
 
     def _probe_limit(self, seen: int) -> int | None:
         allowed = self._allowed_passes(seen)
         if allowed is None:
             return None
-        seeds, iterations = self._plan(allowed)
-        search = seeds * (self.ga["population"] * (iterations + 1) + 2) + 2  # and a few single inputs
+        seeds, population, iterations = self._plan(allowed)
+        # and a few single inputs: each seed's logits, the gradient start's pass, the held-out scoring
+        search = seeds * (population * (iterations + 1) + 2 + self.gradient_start) + 2
         per_candidate = 3 if self.indicator == "sep" else 2  # its logits, and its gradient or its separation
         return max((allowed - search) // per_candidate, FEWEST_PROBE_INPUTS)
 
@@ -246,7 +264,7 @@ class HDACallback(ProbeCallback):
             self.distribution = self._fit_distribution(trainer)
             self._fitted_here = True
         self.distribution.to(self.adapter.device)
-        seeds, iterations = self._plan(self._allowed.get(stage))
+        seeds, population, iterations = self._plan(self._allowed.get(stage))
         try:
             run = hda_test(
                 self.adapter,
@@ -261,8 +279,9 @@ class HDACallback(ProbeCallback):
                 max_batch=self.max_batch,
                 holdout=self.holdout,
                 heldout=self.heldout,
+                gradient_start=self.gradient_start,
                 validate_args=False,  # the probe draw checked the values
-                **{**self.ga, "iterations": iterations},
+                **{**self.ga, "population": population, "iterations": iterations},
             )
         except NoCorrectCandidateError as error:  # every process reaches it: the correct mask is gathered first
             # the set was drawn from predictions made in another pass (the validation step's, or an earlier
@@ -271,7 +290,7 @@ class HDACallback(ProbeCallback):
                 f"HDACallback: epoch {trainer.current_epoch}: {error}; of the {probe.size} probe inputs the model "
                 "classifies none correctly now, so there is no seed and nothing is logged"
             )
-            return {"seeds": 0, "iterations": iterations}, {}
+            return {"seeds": 0, "population": population, "iterations": iterations}, {}
         self.last_run = run
         if self.heldout is None and stage == "validation":
             self.heldout = run.heldout
@@ -294,7 +313,7 @@ class HDACallback(ProbeCallback):
             rank_zero_warn(
                 f"HDACallback: epoch {trainer.current_epoch} found no adversarial example among "
                 f"{int(result.count)} test cases ({int(run.selected_keys.numel())} seeds, radius={self.radius}, "
-                f"population={self.ga['population']}, iterations={iterations}), so hda/prediction_loss, "
+                f"population={population}, iterations={iterations}), so hda/prediction_loss, "
                 "hda/epsilon and hda/ssim are not logged and nothing is fed back; raise iterations, population, "
                 "mutation_std or radius"
             )
@@ -309,6 +328,7 @@ class HDACallback(ProbeCallback):
         self._gallery = self._gallery_of(run)
         record = {
             "seeds": int(run.selected_keys.numel()),
+            "population": population,
             "iterations": iterations,
             "first_success": [int(v) for v in _distributed.gather_cat(run.ga.first_success.cpu()).tolist()],
             "final_ae_proportion": float(_distributed.gather_cat(run.ga.ae_proportion.cpu().double()).mean()),

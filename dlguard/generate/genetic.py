@@ -164,11 +164,18 @@ class _Chunk:
     """The populations of a chunk of seeds, ``(C, N, D)``, with their model and fitness evaluations."""
 
     def __init__(
-        self, adapter: ModelAdapter, seeds: Tensor, labels: Tensor, seed_logits: Tensor, options: dict
+        self,
+        adapter: ModelAdapter,
+        seeds: Tensor,
+        labels: Tensor,
+        seed_logits: Tensor,
+        options: dict,
+        start: Tensor | None = None,
     ) -> None:
         self.adapter, self.options, self.seed_logits = adapter, options, seed_logits
         self.shape, self.count, self.size = seeds.shape[1:], len(seeds), options["population"]
         self.seeds, self.labels = seeds.reshape(len(seeds), 1, -1), labels.repeat_interleave(self.size)
+        self.start = None if start is None else start.reshape(len(seeds), start.shape[1], self.seeds.shape[2])
         radius = options["radius"]
         self.lower, self.upper = (self.seeds - radius).clamp_(min=0), (self.seeds + radius).clamp_(max=1)
 
@@ -222,6 +229,9 @@ class _Chunk:
         ]
         offsets = (torch.stack(start) * opts["init_std"]).clamp_(-opts["radius"], opts["radius"])
         population = torch.maximum(torch.minimum(self.seeds + offsets, self.upper), self.lower)
+        if self.start is not None:  # given individuals replace the first random ones (the draws stay the same)
+            given = self.start.shape[1]
+            population[:, :given] = torch.maximum(torch.minimum(self.start, self.upper), self.lower)
         first = torch.full((self.count,), -1, dtype=torch.long, device=device)
         threshold = opts["switch"] * self.size
         for step in range(opts["iterations"] + 1):
@@ -328,13 +338,15 @@ def two_step_ga(
     keys: Tensor | None = None,
     max_elements: int | None = None,
     max_batch: int | None = None,
+    start: Tensor | None = None,
     validate_args: bool = True,
 ) -> GAResult:
     """HDA's two-step GA (SPEC §4, papers/002 Algorithm 1): adversarial test cases close to each seed.
 
     Per seed ``x`` with label ``y``, on logits ``z``: ``J = max_{j≠y} z_j − z_y`` (``J ≥ 0`` ⇔ adversarial).
 
-    1. ``N`` individuals ``x + clip(N(0, init_std²), ±r)``, projected to ``[0, 1]``.
+    1. ``N`` individuals ``x + clip(N(0, init_std²), ±r)``, projected to ``[0, 1]``; ``start`` replaces
+       the first of them with given individuals (projected into the ``r``-ball and ``[0, 1]``).
     2. ``T`` iterations: fitness ``F₁ = minmax(J)`` while fewer than ``switch · N`` individuals have
        ``J > 0``, else ``F₂ = minmax(J) + α·minmax(q)``, ``q`` the perceptual quality against ``x``
        (``−MSE``, PSNR or SSIM; a uniform vector min-maxes to zeros); the best ``elite`` stay unchanged
@@ -374,6 +386,9 @@ def two_step_ga(
             default ``2**26`` on accelerators, ``2**20`` on CPU (one MNIST population of 1,000).
         max_batch: rows per forward pass; default (``None``) a memory budget of the GA's own: a whole
             chunk on accelerators, ``2**19 / elements`` rows (at least 8) on CPU.
+        start: ``(S, G, *input_shape)`` individuals placed first in each seed's initial population
+            (``G ≤ N``), e.g. a gradient step from the seed (:func:`~dlguard.generate.hda_test`'s
+            ``gradient_start``); ``None``: all ``N`` are random.
         validate_args: check the seeds' values and the labels' range (skip when the caller did).
 
     On CPU, large chunks and passes are memory-bound (``benchmarks/hda.py``: 2.4x slower for 16
@@ -411,6 +426,16 @@ def two_step_ga(
             raise ValueError(
                 f"keys: expected integer keys of shape ({len(seeds)},), got {keys.dtype} {tuple(keys.shape)}"
             )
+    if start is not None:
+        check_tensor("start", start, floating=True)
+        if start.ndim != seeds.ndim + 1 or len(start) != len(seeds) or start.shape[2:] != seeds.shape[1:]:
+            raise ValueError(
+                f"start: expected (S, G, *input_shape) = ({len(seeds)}, G, {', '.join(map(str, seeds.shape[1:]))}), "
+                f"got {tuple(start.shape)}"
+            )
+        if start.shape[1] > population:
+            raise ValueError(f"start: expected at most population ({population}) individuals per seed, got "
+                             f"{start.shape[1]}")  # fmt: skip
     adapter = ModelAdapter.wrap(model)
     device = adapter.device
     seeds, labels = seeds.detach().to(device).clone(), target.detach().to(device).clone()
@@ -428,10 +453,11 @@ def two_step_ga(
             options["classes"] = seed_logits.shape[1]
             if validate_args:
                 check_labels("target", labels, num_classes=options["classes"])
-        for start in range(0, len(seeds), chunk):
-            part = slice(start, start + chunk)
+        for row in range(0, len(seeds), chunk):
+            part = slice(row, row + chunk)
             assert seed_logits is not None
-            chunk_seeds = _Chunk(adapter, seeds[part], labels[part], seed_logits[part], options)
+            given = None if start is None else start[part].detach().to(device, seeds.dtype)
+            chunk_seeds = _Chunk(adapter, seeds[part], labels[part], seed_logits[part], options, given)
             parts.append(chunk_seeds.run(generators[part]))
     if not parts:
         empty = seeds.new_zeros((0, num_best, *seeds.shape[1:]))

@@ -33,6 +33,7 @@ from dlguard._validation import (
 from dlguard.generate.distribution import GlobalDistribution
 from dlguard.generate.failures import Failures
 from dlguard.generate.genetic import GAResult, check_ga_options, two_step_ga
+from dlguard.generate.gradients import input_gradients, loss_gradient
 from dlguard.generate.seeds import gradient_indicator, select_seeds, separation_indicator
 from dlguard.probes.adapter import ModelAdapter
 from dlguard.probes.evaluation import evaluation
@@ -217,6 +218,19 @@ def _heldout_share(adapter: ModelAdapter, heldout: HeldOut, max_batch: int | Non
     return logits, labels.to(logits.device), log_density.to(logits.device)
 
 
+def _gradient_step(adapter: ModelAdapter, seeds: Tensor, labels: Tensor, radius: float) -> Tensor:
+    """``(S, 1, ...)``: each seed's fast-gradient-sign point ``x + r·sign(∇_x CE)``, one seed per pass."""
+    device = adapter.device
+    with input_gradients(adapter.model):
+        steps = [
+            loss_gradient(adapter, seed[None].to(device), label[None].to(device).clone()).sign()
+            for seed, label in zip(seeds, labels, strict=True)
+        ]
+    if not steps:
+        return seeds[:, None]
+    return (seeds.to(device) + radius * torch.cat(steps).to(seeds.dtype))[:, None]
+
+
 def hda_test(
     model: nn.Module | ModelAdapter,
     inputs: Tensor,
@@ -231,6 +245,7 @@ def hda_test(
     *,
     holdout: float = 0.0,
     heldout: HeldOut | None = None,
+    gradient_start: bool = False,
     validate_args: bool = True,
     **ga: Any,
 ) -> HDARun:
@@ -259,6 +274,12 @@ def hda_test(
         holdout: share of the selected seeds held out, in ``[0, 1]``.
         heldout: held-out test cases of an earlier run (:attr:`HDARun.heldout`) to score instead of
             this run's.
+        gradient_start: put one gradient step into each seed's initial population: the fast-gradient-sign
+            point ``x + r·sign(∇_x CE(f(x), y))`` replaces the first random individual (one pass with a
+            backward per seed, each seed alone, so a seed's start is the same in any batch or process).
+            A departure from SPEC §4's black-box GA that :class:`~dlguard.callbacks.HDACallback` takes
+            by default: under a budget of a few GA iterations, random noise in the ball rarely crosses a
+            boundary the gradient points at; the GA then searches from it (and toward the seed, ``F₂``).
         validate_args: check the candidates' values (range, NaN) and labels; callers that checked them
             already (a callback's probe set) pass ``False``. Either way they are checked once, here.
         **ga: further arguments of :func:`~dlguard.generate.two_step_ga` (``population``,
@@ -304,7 +325,10 @@ def hda_test(
     local_cpu = local.to(inputs.device)
     seeds, labels, seed_keys = inputs[local_cpu], target[local_cpu], keys[local_cpu]
     # max_batch bounds the selection's passes; the GA batches whole populations of many seeds by its own budget
-    result = two_step_ga(adapter, seeds, labels, radius, seed=seed, keys=seed_keys, validate_args=False, **ga)
+    start = _gradient_step(adapter, seeds, labels, radius) if gradient_start else None
+    result = two_step_ga(
+        adapter, seeds, labels, radius, seed=seed, keys=seed_keys, start=start, validate_args=False, **ga
+    )
     log_density = gathered["log_density"]
     selected = torch.isin(gathered["keys"], gathered["selected"])
     share = (log_density[selected] - log_density.logsumexp(0)).exp()

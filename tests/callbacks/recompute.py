@@ -130,12 +130,14 @@ def metamorphic_logged(
 def hda_logged(callback: HDACallback, model: nn.Module | ModelAdapter, stage: str = "validation") -> dict[str, float]:
     probe = callback.probe_set(stage)
     record = next(r for r in reversed(callback.history) if r["stage"] == stage)
-    assert (record["seeds"], record["iterations"]) == callback._plan(record["budget"]["allowed"])
+    plan = (record["seeds"], record["population"], record["iterations"])
+    assert plan == callback._plan(record["budget"]["allowed"])
     with _Spent(model) as spent:
         run = hda_test(
             model, probe.inputs, probe.target, callback.distribution, k=record["seeds"], radius=callback.radius,
             indicator=callback.indicator, keys=probe.keys, seed=callback.seed, holdout=callback.holdout,
-            heldout=callback.heldout, **{**callback.ga, "iterations": record["iterations"]},
+            heldout=callback.heldout, gradient_start=callback.gradient_start,
+            **{**callback.ga, "population": record["population"], "iterations": record["iterations"]},
         )  # fmt: skip
     quality = AEQuality(perceptual=("ssim",))
     quality.update(*run.test_cases)

@@ -127,19 +127,24 @@ def test_the_draw_runs_the_model_itself_when_the_loop_did_not(tmp_path: Path) ->
     assert module.inputs_run == record["budget"]["forward_passes"] + 3  # + the first-batch check
 
 
-def test_hda_sizes_seeds_and_iterations_to_the_budget(tmp_path: Path) -> None:
-    population, iterations = 40, 4
-    # three quarters of 1000 buy 3 seeds of 40 x (4 + 1) passes; the rest pays for the candidates
-    callback = HDACallback(budget=1000, k=10, population=population, iterations=iterations)
-    record = _validate(tmp_path, callback, CountingModule(), batches=5)
-    assert (record["seeds"], record["iterations"]) == (750 // (population * (iterations + 1)), iterations)
-    assert record["budget"]["probe_inputs"] == (1000 - 3 * (population * (iterations + 1) + 2) - 2) // 2
-    assert record["budget"]["forward_passes"] <= 1000
-    small = HDACallback(budget=100, k=10, population=40, iterations=30)
+def test_hda_sizes_seeds_population_and_iterations_to_the_budget(tmp_path: Path) -> None:
+    population, iterations = 40, 30
+    # three quarters of 3000 pay 10 seeds of 40 x (4 + 1) passes; the rest pays for the candidates
+    callback = HDACallback(budget=3000, k=10, population=population, iterations=iterations)
+    record = _validate(tmp_path, callback, CountingModule(), batches=10)
+    assert (record["seeds"], record["population"], record["iterations"]) == (10, 40, 2250 // 400 - 1)
+    search = 10 * (40 * 5 + 2 + 1) + 2  # each seed's population, logits and gradient start; the held-out check
+    assert record["budget"]["probe_inputs"] == (3000 - search) // 2 == 484
+    assert record["budget"]["forward_passes"] <= 3000
+    rich = HDACallback(budget=100_000, k=4, population=population, iterations=iterations)
+    record = _validate(tmp_path / "rich", rich, CountingModule(), batches=5)
+    assert (record["seeds"], record["population"], record["iterations"]) == (4, 40, 30)  # all it asked for
+    small = HDACallback(budget=200, k=10, population=40, iterations=30)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         record = _validate(tmp_path / "small", small, CountingModule())
-    assert (record["seeds"], record["iterations"]) == (1, 75 // 40 - 1 or 1)  # one seed, the iterations that fit
+    # 150 passes cannot pay 10 populations of 40: populations of 21 (elite + 1), as many seeds as fit, no iteration
+    assert (record["seeds"], record["population"], record["iterations"]) == (150 // 21, 21, 0)
 
 
 def test_what_a_measurement_spent_is_logged(tmp_path: Path) -> None:
@@ -167,4 +172,6 @@ def test_hda_with_the_separation_indicator_stays_within_its_budget(tmp_path: Pat
     callback = HDACallback(budget=1000, k=10, population=40, iterations=4, indicator="sep")
     record = _validate(tmp_path, callback, CountingModule(), batches=5)
     assert record["budget"]["forward_passes"] <= 1000
-    assert record["budget"]["probe_inputs"] == (1000 - 3 * (40 * 5 + 2) - 2) // 3  # logits, separation, selection
+    assert (record["seeds"], record["iterations"]) == (10, 0)  # 750 pay 10 populations of 40, not one iteration
+    search = 10 * (40 + 2 + 1) + 2
+    assert record["budget"]["probe_inputs"] == (1000 - search) // 3  # logits, separation, selection

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import math
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -66,7 +67,7 @@ def test_a_measurement_equals_an_independent_run_and_feeds_the_bank(tmp_path: Pa
     assert probe.size == 40 and len(run.seeds) == 6
     net = module.net
     direct = hda_test(net, probe.inputs, probe.target, distribution, k=6, radius=0.3, keys=probe.keys,
-                      population=60, iterations=12, **FAST)  # fmt: skip
+                      population=60, iterations=12, gradient_start=True, **FAST)  # fmt: skip
     assert torch.equal(direct.keys, run.keys) and torch.equal(direct.selected_keys, run.selected_keys)
     assert torch.equal(direct.ga.found, run.ga.found)
     torch.testing.assert_close(direct.ga.examples, run.ga.examples)
@@ -179,7 +180,7 @@ def test_normalised_model_dict_batches_dict_outputs_equal_the_pixel_model(tmp_pa
     trainer.fit(module, datamodule=DigitDicts())
     probe = callback.probe_set()
     run = hda_test(module.backbone[1], probe.inputs, probe.target, distribution, k=6, keys=probe.keys,
-                   population=60, iterations=12, **FAST)  # fmt: skip
+                   population=60, iterations=12, gradient_start=True, **FAST)  # fmt: skip
     logged = float(trainer.callback_metrics["hda/ae_proportion"])
     assert logged == pytest.approx(float(run.ga.found.float().mean()), abs=1e-9)
 
@@ -406,3 +407,35 @@ def test_a_probe_set_the_model_no_longer_gets_right_is_skipped_not_crashed(tmp_p
         trainer.validate(BatchSizeDependent(pretrained("mnist_a")), datamodule=MNISTDataModule(batch_size=50))
     assert callback.probe_set().size > 0 and set(callback.probe_set().target.tolist()) == {0}
     assert callback.latest["seeds"] == 0 and set(callback.latest["logged"]) == {"hda/forward_passes"}
+
+
+def test_the_gradient_start_is_the_fast_gradient_sign_point_of_each_seed_alone() -> None:
+    from dlguard.generate.hda import _gradient_step
+    from dlguard.probes.adapter import ModelAdapter
+
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
+    with torch.no_grad():
+        net[1].weight.copy_(torch.tensor([[1.0, -1.0, 0.0, 2.0], [0.0, 1.0, -2.0, 1.0], [0.0, 0.0, 0.0, 0.0]]))
+        net[1].bias.zero_()
+    seeds, labels = torch.full((2, 1, 2, 2), 0.5), torch.tensor([0, 1])
+    # ∇_x CE = Wᵀ(p − e_y): its sign, by hand from the softmax of z = W·0.5 = (1, 0, 0)
+    p = torch.softmax(torch.tensor([1.0, 0.0, 0.0]), 0)
+    weight = net[1].weight
+    expected = torch.stack([0.5 + 0.1 * (weight.T @ (p - torch.eye(3)[y])).sign() for y in (0, 1)]).view(2, 1, 1, 2, 2)
+    start = _gradient_step(ModelAdapter(net), seeds, labels, 0.1)
+    torch.testing.assert_close(start, expected)
+    assert all(not p.requires_grad or p.grad is None for p in net.parameters())
+
+
+def test_the_gradient_start_finds_what_the_black_box_ga_does_not_at_the_default_budget(tmp_path: Path) -> None:
+    found = {}
+    for gradient_start in (True, False):
+        callback = HDACallback(gradient_start=gradient_start)  # budget 0.2 of 1,000 digits: no GA iteration
+        trainer = quick_trainer(tmp_path / str(gradient_start), [callback], val_batches=10)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.validate(ClassifierModule(pretrained("mnist_a")), datamodule=MNISTDataModule(batch_size=100),
+                             verbose=False)  # fmt: skip
+        assert callback.latest["iterations"] == 0 and callback.latest["budget"]["forward_passes"] <= 200
+        found[gradient_start] = callback.latest["logged"]["hda/ae_proportion"]
+    assert found[True] >= 0.2 and found[False] == 0.0

@@ -333,3 +333,30 @@ def test_no_seeds() -> None:
     result = two_step_ga(mlp(), torch.zeros(0, 1, 4, 4), torch.zeros(0, dtype=torch.long), num_best=2, **SMALL)
     assert result.examples.shape == (0, 2, 1, 4, 4) and result.found.shape == (0, 2)
     assert result.first_success.shape == (0,) and result.success.shape == (0,)
+
+
+def test_a_given_start_is_searched_from_and_projected_into_the_ball() -> None:
+    # mean 0.45, AE once it exceeds 0.51: without noise (init_std 0) and without iterations none is found
+    seeds, labels = torch.full((2, 1, 3, 3), 0.45), torch.zeros(2, dtype=torch.long)
+    net = MeanScore(9, threshold=0.51)
+    options = {"population": 8, "iterations": 0, "elite": 2, "init_std": 0.0}
+    assert not bool(two_step_ga(net, seeds, labels, 0.1, **options).found.any())
+    start = torch.stack([torch.full((1, 1, 3, 3), 0.9), torch.full((1, 1, 3, 3), 0.5)])  # 0.9 lies outside the ball
+    result = two_step_ga(net, seeds, labels, 0.1, start=start, **options)
+    assert result.found[:, 0].tolist() == [True, False]  # projected to 0.55 > 0.51; 0.5 stays below
+    torch.testing.assert_close(result.best[0], torch.full((1, 3, 3), 0.55))
+    assert result.first_success.tolist() == [0, -1]
+    unchanged = two_step_ga(net, seeds, labels, 0.1, start=start[:, :0], **options)  # no individual given
+    assert torch.equal(unchanged.found, two_step_ga(net, seeds, labels, 0.1, **options).found)
+
+
+@pytest.mark.parametrize(
+    ("shape", "message"),
+    [((2, 1, 1, 3), r"start: expected \(S, G, \*input_shape\) = \(2, G, 1, 3, 3\)"),
+     ((1, 1, 1, 3, 3), r"start: expected \(S, G"),
+     ((2, 9, 1, 3, 3), r"start: expected at most population \(8\)")],
+)  # fmt: skip
+def test_a_start_of_the_wrong_shape_is_refused(shape: tuple[int, ...], message: str) -> None:
+    seeds, labels = torch.full((2, 1, 3, 3), 0.45), torch.zeros(2, dtype=torch.long)
+    with pytest.raises(ValueError, match=message):
+        two_step_ga(MeanScore(9, 0.51), seeds, labels, 0.1, population=8, elite=2, start=torch.zeros(shape))
