@@ -79,7 +79,7 @@ def demo_callbacks(config: DemoConfig) -> list[Callback]:
     The four that find failures (robustness, metamorphic relations, HDA, object relevancy) deposit
     them in one bank, and :class:`~dlguard.callbacks.FailureReplay` mixes them into a quarter of every
     training batch; D-Score drives score-guided padding. The probe sizes are the demo's own, kept whole
-    (``budget=None``): on the 1,000 validation digits the default budget (a fifth of a validation
+    (``budget=None``): on the 1,000 validation digits the default budget (0.15 of a validation
     epoch per callback) would cut them to the smallest sets; each record says what it spent.
     """
     replay = FailureReplay(fraction=0.25, seed=config.seed)

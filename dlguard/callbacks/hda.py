@@ -102,7 +102,8 @@ class HDACallback(ProbeCallback):
         gradient_start: start each seed's GA from its fast-gradient-sign point too (one backward pass
             per seed; :func:`~dlguard.generate.hda_test`). A departure from SPEC §4's black-box GA, on by
             default: at the default budget the GA runs one or a few iterations, and random noise alone
-            finds no AE there (``benchmarks/hda_budget.py``). ``False``: the paper's GA.
+            finds no AE there (``benchmarks/hda_budget.py``). ``False``: the paper's GA, black-box
+            (with ``indicator="sep"``, the whole test then needs no gradient).
         holdout: share of the seeds whose test cases are held out for ``R̂_g`` (never replayed).
         bank: a :class:`~dlguard.data.FailureBank` receiving the other seeds' AEs, or ``None``.
         gallery: seeds shown, each beside its best AE, in the gallery.

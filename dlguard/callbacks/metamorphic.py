@@ -124,9 +124,8 @@ class MetamorphicCallback(ProbeCallback):
         return self._generate_state_key(task=self.task, properties=names, lam=self.lam, epsilon=self.epsilon)
 
     def _forward_passes(self, inputs: int) -> int:
-        # the sources and every level of every property, each call also reading the output's shape on one input
-        calls = 1 + sum(len(p.levels) for p in self.properties)
-        return (inputs + 1) * calls
+        # the sources and every level of every property; one input sizes the passes
+        return inputs * (1 + sum(len(p.levels) for p in self.properties)) + 1
 
     def _probe_policy(self) -> ProbeSetPolicy:
         ranges = {p.value_range for p in self.properties}

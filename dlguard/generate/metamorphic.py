@@ -192,7 +192,9 @@ def metamorphic_test(
     inputs, target, labels = inputs.to(device), target.to(device), labels.to(device)
     keys = content_keys(inputs) if keys is None else keys.to(device)
     relation = MetamorphicRelation(task, lam=lam)
-    source = model_outputs(adapter, inputs, task, max_batch)
+    with evaluation(adapter.model):  # the pass size, once: every call below transforms inputs of one shape
+        per_pass = adapter.rows_per_pass(inputs, max_batch) if len(inputs) else 1
+    source = model_outputs(adapter, inputs, task, per_pass)
     mse_orig = None
     if task == "regression":
         count = torch.tensor(float(len(target)), device=device, dtype=torch.float64)
@@ -205,7 +207,7 @@ def metamorphic_test(
             per_level = []
             for index, level in enumerate(prop.levels):
                 moved = prop(inputs, level, keys) if len(inputs) else inputs
-                outputs = model_outputs(adapter, moved, task, max_batch)
+                outputs = model_outputs(adapter, moved, task, per_pass)
                 per_level.append(outputs)
                 if task == "regression":
                     squared_sums.append(squared_errors(outputs, target).sum() if len(target) else count * 0)

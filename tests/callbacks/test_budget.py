@@ -68,7 +68,7 @@ def test_a_budget_that_is_not_positive_is_refused_before_any_work(callback: type
 
 
 def test_the_default_budget_is_documented_once_in_the_base() -> None:
-    assert RobustnessCallback().budget == DEFAULT_BUDGET == 0.2
+    assert RobustnessCallback().budget == DEFAULT_BUDGET == 0.15
     assert RobustnessCallback(budget=300).budget == 300 and RobustnessCallback(budget=None).budget is None
 
 
@@ -77,7 +77,7 @@ def test_the_default_budget_is_documented_once_in_the_base() -> None:
     [
         (lambda b: RobustnessCallback(budget=b), 15, 2),  # 3 properties x 5 levels; width and pass size
         (lambda b: DScoreCallback(budget=b), 1 + 2 * 9, 2),  # the model, n² mutants, n² translations (n = 3)
-        (lambda b: MetamorphicCallback(budget=b), 37, 37),  # sources + 36 properties, each call reading a width
+        (lambda b: MetamorphicCallback(budget=b), 37, 1),  # sources + 36 property levels; one input sizes the passes
     ],
     ids=["robustness", "dscore", "metamorphic"],
 )

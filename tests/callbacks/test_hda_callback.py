@@ -430,7 +430,7 @@ def test_the_gradient_start_is_the_fast_gradient_sign_point_of_each_seed_alone()
 def test_the_gradient_start_finds_what_the_black_box_ga_does_not_at_the_default_budget(tmp_path: Path) -> None:
     found = {}
     for gradient_start in (True, False):
-        callback = HDACallback(gradient_start=gradient_start)  # budget 0.2 of 1,000 digits: no GA iteration
+        callback = HDACallback(gradient_start=gradient_start)  # budget 0.15 of 1,000 digits: no GA iteration
         trainer = quick_trainer(tmp_path / str(gradient_start), [callback], val_batches=10)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -199,7 +199,7 @@ def test_a_resumed_run_redraws_when_an_uninterrupted_run_does(tmp_path: Path) ->
         assert before.probe_set().seed == after.probe_set().seed == 3
         # epoch 2 measures the checkpoint's set: its limit comes back from the checkpoint
         budgets = [[r["budget"] for r in c.history if r["epoch"] == 2] for c in (before, after)]
-        assert budgets[0] == budgets[1] and budgets[0][0]["allowed"] == 40
+        assert budgets[0] == budgets[1] and budgets[0][0]["allowed"] == 30  # 0.15 x 200
 
 
 class CollapsesAt(LearnsAtEpoch):

@@ -54,7 +54,7 @@ def test_normalised_model_dict_batches_dict_outputs(tmp_path: Path) -> None:
     pixel_model = module.backbone[1]  # the same network taking pixels: an independent path to the numbers
 
     # D-Score's probe: the smallest content keys among the 150 digits validation loaded, as many as the default
-    # budget pays for (0.2 x 150 passes at 1 + 2n² = 9 per input: 3), raised to the smallest uniform set, 16
+    # budget pays for (0.15 x 150 passes at 1 + 2n² = 9 per input: 2), raised to the smallest uniform set, 16
     images, _ = val_images(datamodule, 0, 150)
     probe = dscore.probe_set()
     assert torch.equal(probe.all_keys, content_keys(images, 0).sort().values[:16])
@@ -111,7 +111,7 @@ def test_several_validation_loaders_and_limit_val_batches(tmp_path: Path) -> Non
     trainer.fit(NormalizedDigits(lr=0.0), datamodule=datamodule)
     images, _ = val_images(datamodule, 200, 100)  # loader 1, its first two batches of 50
     loaded = content_keys(images, 0)
-    assert dscore.probe_set().size == 16  # probe_size=80 cut to the budget's (0.2 x 100 inputs) smallest set
+    assert dscore.probe_set().size == 16  # probe_size=80 cut to the budget's (0.15 x 100 inputs) smallest set
     assert torch.isin(dscore.probe_set().all_keys, loaded).all()
     assert torch.isin(robustness.probe_set().all_keys, loaded).all()
 
