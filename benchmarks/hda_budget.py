@@ -1,6 +1,6 @@
 """What HDACallback runs and finds at a given budget: seeds, GA iterations, AEs and forward passes.
 
-    python benchmarks/hda_budget.py [--budgets 0.2 1.0 4200 10.0 42000] [--no-gradient-start]
+    python benchmarks/hda_budget.py [--budgets 0.15 1.0 4200 10.0 42000] [--no-gradient-start]
 
 For each budget (an int: forward passes; a float: that multiple of the 1,000 validation digits), one
 ``trainer.validate`` of ``mnist_a`` with ``HDACallback(budget=...)`` at its other defaults (a PCA
@@ -25,7 +25,7 @@ from dlguard.zoo import ClassifierModule, pretrained
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--budgets", nargs="+", default=["0.2", "1.0", "4200", "10.0", "42000"])
+    parser.add_argument("--budgets", nargs="+", default=["0.15", "1.0", "4200", "10.0", "42000"])
     parser.add_argument("--no-gradient-start", action="store_true", help="the paper's GA, random start only")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
