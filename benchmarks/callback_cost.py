@@ -220,7 +220,7 @@ def main() -> None:
     parser.add_argument("--val-size", type=int, default=500)
     parser.add_argument("--train-epochs", type=int, default=0, help="train the network first (outside the timing)")
     parser.add_argument("--only", nargs="+", default=None, help="time these rows only (e.g. 'all six together')")
-    parser.add_argument("--budget", type=float, default=None, help="every callback's budget (default: theirs)")
+    parser.add_argument("--budget", default=None, help="every callback's budget: 0.2 (a share) or 4200 (passes)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -229,7 +229,7 @@ def main() -> None:
     torch.manual_seed(0)
     net, data, options, train = setting(args.model, args.val_size)
     if args.budget is not None:
-        options["budget"] = args.budget
+        options["budget"] = float(args.budget) if "." in args.budget else int(args.budget)
     normalize = args.model == "resnet18"
     started = time.perf_counter()
     pretrain(net, data, args.train_epochs, normalize, args.model)
@@ -248,6 +248,9 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- |")
     runs = {name: [make()] for name, make in makers.items()}
     runs["all six together"] = [make() for make in makers.values()]
+    unknown = sorted(set(args.only or ()) - set(runs))
+    if unknown:
+        parser.error(f"--only: no row named {unknown}; choose from {list(runs)}")
     for name, attached in runs.items():
         if args.only and name not in args.only:
             continue

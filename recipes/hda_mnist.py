@@ -174,9 +174,9 @@ def accuracy(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor)
 
 def inside_fit(distribution: GlobalDistribution, epochs: int, seeds: int, population: int, iterations: int) -> list:
     replay = FailureReplay(fraction=0.25)
-    callback = HDACallback(  # the SPEC's mutation and initial noise, as in the tables above
+    callback = HDACallback(  # the SPEC's GA (mutation, initial noise, no gradient start) at the recipe's sizes
         distribution=distribution, k=seeds, population=population, iterations=iterations, mutation_std=0.003,
-        init_std=0.01, bank=replay.bank,
+        init_std=0.01, gradient_start=False, budget=None, bank=replay.bank,
     )  # fmt: skip
     trainer = quiet_trainer(epochs, [callback, replay])
     module = ClassifierModule(pretrained("mnist_a").train(), lr=5e-4)

@@ -63,8 +63,9 @@ DEFAULT_BUDGET = 0.15
 """The default ``budget``: 0.15 of the forward passes of the validation loader the probe set comes from.
 
 The five callbacks that spend then add three quarters of a validation epoch's passes together, and the
-work around them (transformations, hooks, the draw) fits in the last quarter: all six within one more
-validation epoch (``benchmarks/callback_cost.py``; 0.2 each came to 2.2x a plain epoch on ResNet-18).
+work around them (transformations, hooks) fits in the last quarter: a later epoch with all six costs
+1.8x a plain one on ResNet-18 with 10,000 validation inputs, 2.1x at 0.2 each (``benchmarks/callback_cost.py``;
+the first measurement adds one-off work: 2.3x).
 """
 
 
@@ -105,11 +106,12 @@ class ProbeCallback(Callback, ABC):
     - **Cost budget.** ``budget`` bounds the forward passes (inputs through the model) one measurement
       spends beyond the evaluation loop's own: an ``int`` is a count, a ``float`` that multiple of the
       distinct inputs of the loader the probe set is drawn from (as ``limit_val_batches`` reads an int
-      or a fraction; the default ``0.15`` keeps all six within one more validation epoch, where a
-      loader has inputs enough for the smallest sets below),
+      or a fraction; with the default ``0.15`` each later validation epoch with all six costs at
+      most about two plain ones, where the loader has inputs enough for the smallest sets below),
       ``None`` no bound. A callback sizes its probe set to ``budget / (forward passes per probe input)``
-      when the set is drawn, and HDA its seeds, populations and GA iterations too, never below what a number needs
-      (5 per class for a balanced set, 16 inputs for a uniform one, one HDA seed of one iteration):
+      when the set is drawn, and HDA its seeds, populations and GA iterations too, never below what a
+      number needs (5 per class for a balanced set, 16 inputs for a uniform one, one HDA seed of 21
+      individuals):
       such a measurement spends more and warns. What a measurement spent is counted on the model
       itself, logged as ``<prefix>/forward_passes`` (summed over processes: N processes each add
       their one-input checks of the logits' width and pass size) and kept with the limit and probe

@@ -34,6 +34,8 @@ INIT_STD_PER_RADIUS = 0.5
 """The GA's default initial-noise standard deviation, as a share of the radius."""
 _ELITE = 20
 """The GA's elite (:func:`~dlguard.generate.two_step_ga`'s default): a population holds more."""
+_SIZING_PASSES = 3
+"""One-input passes that size a measurement's passes (the candidates' logits and indicator, the held-out scoring)."""
 
 
 class HDACallback(ProbeCallback):
@@ -83,12 +85,14 @@ class HDACallback(ProbeCallback):
         radius: the ``L∞`` radius ``r`` of the norm balls, in ``(0, 1]`` (MNIST: 0.1).
         indicator: ``"grad"`` (``S_grad``) or ``"sep"`` (``S_sep``).
         population: GA population per seed ``N`` (the paper: 1000), at most: a budget that cannot pay
-            ``k`` initial populations runs smaller ones (down to 21).
-        iterations: GA iterations ``T`` (the paper: 100), at most: a budget that cannot pay one seed
-            at ``T`` runs every seed with the iterations it pays for, down to none (the initial
-            population only). The defaults, 100 x 30 per seed, are a thirtieth of the paper's forward
-            passes, to leave the callback attached during training; one seed then costs ``100 · 31``
-            passes, so a budget under about 41,400 runs fewer iterations (:meth:`_plan`).
+            ``k`` initial populations runs smaller ones (down to 21, or ``num_best``).
+        iterations: GA iterations ``T`` (the paper: 100), at most: a budget that cannot pay ``k``
+            seeds at ``T`` runs every seed with the iterations it pays for, down to none (the initial
+            population only). The defaults, 10 seeds of 100 x 30, are a thirtieth of the paper's
+            forward passes per seed, to leave the callback attached during training; they cost
+            ``10 · 100 · 31`` = 31,000 passes, three quarters of a budget of about 41,400; below
+            that fewer iterations run (:meth:`_plan`), and none below about 1,400 (the default
+            ``budget=0.15`` of a loader under about 9,000 inputs).
         num_best: test cases kept per seed ``m``.
         perceptual: the GA's perceptual term: ``"mse"``, ``"psnr"`` or ``"ssim"``.
         alpha: weight of the perceptual term.
@@ -101,8 +105,8 @@ class HDACallback(ProbeCallback):
             and 0.01 for the paper's GA.
         gradient_start: start each seed's GA from its fast-gradient-sign point too (one backward pass
             per seed; :func:`~dlguard.generate.hda_test`). A departure from SPEC §4's black-box GA, on by
-            default: at the default budget the GA runs one or a few iterations, and random noise alone
-            finds no AE there (``benchmarks/hda_budget.py``). ``False``: the paper's GA, black-box
+            default: at the default budget the GA runs few or no iterations, and random noise alone
+            rarely finds an AE there (``benchmarks/hda_budget.py``). ``False``: the paper's GA, black-box
             (with ``indicator="sep"``, the whole test then needs no gradient).
         holdout: share of the seeds whose test cases are held out for ``R̂_g`` (never replayed).
         bank: a :class:`~dlguard.data.FailureBank` receiving the other seeds' AEs, or ``None``.
@@ -111,8 +115,8 @@ class HDACallback(ProbeCallback):
             :func:`~dlguard.probes.default_max_batch`; the GA sizes its own passes).
         **options: ``every_n_epochs``, ``preprocess``, ``output_transform``, ``batch_keys``, ``dataloader_idx``,
             ``seed`` (here also the seed of the held-out draw and the GA), ``start_epoch``, ``min_accuracy``,
-            ``redraw_every_n_epochs``, ``budget`` (three quarters to the GA, as many seeds at the full
-            ``iterations`` as fit; the rest to the candidates): see :class:`~dlguard.callbacks.ProbeCallback`.
+            ``redraw_every_n_epochs``, ``budget`` (at most three quarters to the GA, seeds before
+            iterations, :meth:`_plan`; the rest to the candidates): see :class:`~dlguard.callbacks.ProbeCallback`.
 
     Example:
         >>> import lightning as L
@@ -189,34 +193,41 @@ class HDACallback(ProbeCallback):
         return ProbeSetPolicy(probe_size=self.probe_size, correct_only=True, seed=self.seed)
 
     def _plan(self, allowed: int | None) -> tuple[int, int, int]:
-        """``(seeds, population, iterations)`` the budget pays for: three quarters of it go to the GA.
+        """``(seeds, population, iterations)`` the budget pays for: at most three quarters of it go to the GA.
 
-        Seeds come before iterations (each seed is one more chance of an AE, and one more for the
-        bank): a seed costs ``population · (iterations + 1)`` forward passes. When ``k`` seeds at the
-        full ``iterations`` do not fit, all ``k`` run the iterations that fit, down to none (their
-        initial population only); when even that does not fit, the population shrinks (to no fewer
-        than ``elite + 1`` = 21 individuals) and as many seeds as fit run their initial population --
-        with ``gradient_start``, a fast-gradient-sign point among random ones, the best kept.
+        The rest pays for the candidates (never fewer than 16) and three one-input passes that size
+        the passes. Seeds come before iterations (each seed is one more chance of an AE, and one more
+        for the bank): a seed costs ``population · (iterations + 1)`` forward passes and 2 or 3 more
+        (its logits, its held-out scoring, its gradient start). When ``k`` seeds at the full
+        ``iterations`` do not fit, all ``k`` run the iterations that fit, down to none (their initial
+        population only); when even that does not fit, the population shrinks (to no fewer than
+        ``elite + 1`` = 21 individuals, nor ``num_best``) and as many seeds as fit run their initial
+        population -- with ``gradient_start``, a fast-gradient-sign point among random ones, the best kept.
         """
         population, iterations = self.ga["population"], self.ga["iterations"]
         if allowed is None:
             return self.k, population, iterations
-        share = allowed * 3 // 4
-        if share >= self.k * population:
-            return self.k, population, min(iterations, share // (self.k * population) - 1)
-        smallest = min(population, _ELITE + 1)
-        population = max(smallest, share // self.k)
-        return max(1, min(self.k, share // population)), population, 0
+        extra = 2 + self.gradient_start
+        share = min(allowed * 3 // 4, allowed - FEWEST_PROBE_INPUTS * self._per_candidate - _SIZING_PASSES)
+        if share >= self.k * (population * (iterations + 1) + extra):
+            return self.k, population, iterations
+        if share >= self.k * (population + extra):
+            return self.k, population, min(iterations, (share // self.k - extra) // population - 1)
+        smallest = min(population, max(_ELITE + 1, self.ga["num_best"]))
+        population = max(smallest, share // self.k - extra)
+        return max(1, min(self.k, share // (population + extra))), population, 0
+
+    @property
+    def _per_candidate(self) -> int:
+        return 3 if self.indicator == "sep" else 2  # its logits, and its gradient or its separation
 
     def _probe_limit(self, seen: int) -> int | None:
         allowed = self._allowed_passes(seen)
         if allowed is None:
             return None
         seeds, population, iterations = self._plan(allowed)
-        # and a few single inputs: each seed's logits, the gradient start's pass, the held-out scoring
-        search = seeds * (population * (iterations + 1) + 2 + self.gradient_start) + 2
-        per_candidate = 3 if self.indicator == "sep" else 2  # its logits, and its gradient or its separation
-        return max((allowed - search) // per_candidate, FEWEST_PROBE_INPUTS)
+        search = seeds * (population * (iterations + 1) + 2 + self.gradient_start) + _SIZING_PASSES
+        return max((allowed - search) // self._per_candidate, FEWEST_PROBE_INPUTS)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
@@ -315,8 +326,8 @@ class HDACallback(ProbeCallback):
                 f"HDACallback: epoch {trainer.current_epoch} found no adversarial example among "
                 f"{int(result.count)} test cases ({int(run.selected_keys.numel())} seeds, radius={self.radius}, "
                 f"population={population}, iterations={iterations}), so hda/prediction_loss, "
-                "hda/epsilon and hda/ssim are not logged and nothing is fed back; raise iterations, population, "
-                "mutation_std or radius"
+                "hda/epsilon and hda/ssim are not logged and nothing is fed back; raise budget (it caps "
+                "iterations and population), iterations, population, mutation_std or radius"
             )
         if self.heldout is not None and len(self.heldout["labels"]):
             robustness = EmpiricalGlobalRobustness(validate_args=False).to(device)

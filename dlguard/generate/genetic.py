@@ -261,6 +261,10 @@ class _Chunk:
         }
 
 
+_PER_CALL = {"start", "keys", "validate_args"}
+"""Keyword arguments of :func:`two_step_ga` that belong to one call's seeds, not to the GA's settings."""
+
+
 def check_ga_options(seeds: Tensor | None, radius: float, values: bool = True, **ga: Any) -> None:
     """Refuse bad :func:`two_step_ga` arguments before any work, as the GA itself would.
 
@@ -271,7 +275,7 @@ def check_ga_options(seeds: Tensor | None, radius: float, values: bool = True, *
     defaults = {
         name: parameter.default
         for name, parameter in inspect.signature(two_step_ga).parameters.items()
-        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name not in _PER_CALL
     }
     unknown = sorted(set(ga) - set(defaults))
     if unknown:

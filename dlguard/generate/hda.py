@@ -223,7 +223,7 @@ def _gradient_step(adapter: ModelAdapter, seeds: Tensor, labels: Tensor, radius:
     device = adapter.device
     with input_gradients(adapter.model):
         steps = [
-            loss_gradient(adapter, seed[None].to(device), label[None].to(device).clone()).sign()
+            loss_gradient(adapter, seed[None].to(device), label[None].to(device).long().clone()).sign()
             for seed, label in zip(seeds, labels, strict=True)
         ]
     if not steps:
@@ -309,6 +309,8 @@ def hda_test(
     optional_positive_int("max_batch", max_batch)
     probability("holdout", holdout)
     check_indicator(indicator)
+    if not isinstance(gradient_start, bool):
+        raise ValueError(f"gradient_start: expected True or False, got {gradient_start!r}")
     check_distribution(distribution)
     if len(inputs) == 0 and _distributed.world_size() == 1:
         raise ValueError("inputs: expected at least one candidate seed, got none")

@@ -133,8 +133,8 @@ def test_hda_sizes_seeds_population_and_iterations_to_the_budget(tmp_path: Path)
     callback = HDACallback(budget=3000, k=10, population=population, iterations=iterations)
     record = _validate(tmp_path, callback, CountingModule(), batches=10)
     assert (record["seeds"], record["population"], record["iterations"]) == (10, 40, 2250 // 400 - 1)
-    search = 10 * (40 * 5 + 2 + 1) + 2  # each seed's population, logits and gradient start; the held-out check
-    assert record["budget"]["probe_inputs"] == (3000 - search) // 2 == 484
+    search = 10 * (40 * 5 + 2 + 1) + 3  # each seed's population, logits, held-out check and gradient start; sizing
+    assert record["budget"]["probe_inputs"] == (3000 - search) // 2 == 483
     assert record["budget"]["forward_passes"] <= 3000
     rich = HDACallback(budget=100_000, k=4, population=population, iterations=iterations)
     record = _validate(tmp_path / "rich", rich, CountingModule(), batches=5)
@@ -143,8 +143,15 @@ def test_hda_sizes_seeds_population_and_iterations_to_the_budget(tmp_path: Path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         record = _validate(tmp_path / "small", small, CountingModule())
-    # 150 passes cannot pay 10 populations of 40: populations of 21 (elite + 1), as many seeds as fit, no iteration
-    assert (record["seeds"], record["population"], record["iterations"]) == (150 // 21, 21, 0)
+    # 150 passes cannot pay 10 populations of 40: populations of 21 (elite + 1), as many seeds as fit (21 + 3
+    # passes each), no iteration; the 16 candidates' 32 passes and 3 sizing passes fit beside them
+    assert (record["seeds"], record["population"], record["iterations"]) == (150 // 24, 21, 0)
+    assert record["budget"]["forward_passes"] <= 200 and record["budget"]["probe_inputs"] >= 16
+    keeps = HDACallback(budget=200, k=10, population=40, iterations=30, num_best=30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        record = _validate(tmp_path / "num_best", keeps, CountingModule())
+    assert record["population"] == 30 and record["seeds"] == 150 // 33  # never fewer individuals than num_best
 
 
 def test_what_a_measurement_spent_is_logged(tmp_path: Path) -> None:
@@ -173,5 +180,5 @@ def test_hda_with_the_separation_indicator_stays_within_its_budget(tmp_path: Pat
     record = _validate(tmp_path, callback, CountingModule(), batches=5)
     assert record["budget"]["forward_passes"] <= 1000
     assert (record["seeds"], record["iterations"]) == (10, 0)  # 750 pay 10 populations of 40, not one iteration
-    search = 10 * (40 + 2 + 1) + 2
+    search = 10 * (40 + 2 + 1) + 3
     assert record["budget"]["probe_inputs"] == (1000 - search) // 3  # logits, separation, selection

@@ -147,6 +147,7 @@ def test_the_model_is_left_as_found_and_bad_input_fails_before_any_work(tmp_path
         ({"indicator": "fgsm"}, "indicator: expected 'grad'"),
         ({"perceptual": "lpips"}, "perceptual: expected one of"),
         ({"holdout": 1.5}, "holdout"),
+        ({"gradient_start": "yes"}, "gradient_start: expected True or False"),
     ):
         with pytest.raises(ValueError, match=message):
             HDACallback(distribution=distribution, **{**SMALL, **kwargs})
@@ -413,14 +414,23 @@ def test_the_gradient_start_is_the_fast_gradient_sign_point_of_each_seed_alone()
     from dlguard.generate.hda import _gradient_step
     from dlguard.probes.adapter import ModelAdapter
 
-    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
+    class AloneOrNot(torch.nn.Module):  # the linear map on one input, its negation on a batch of several
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = self.linear(x.flatten(1))
+            return out if len(x) == 1 else -out
+
+    net = AloneOrNot()
     with torch.no_grad():
-        net[1].weight.copy_(torch.tensor([[1.0, -1.0, 0.0, 2.0], [0.0, 1.0, -2.0, 1.0], [0.0, 0.0, 0.0, 0.0]]))
-        net[1].bias.zero_()
-    seeds, labels = torch.full((2, 1, 2, 2), 0.5), torch.tensor([0, 1])
+        net.linear.weight.copy_(torch.tensor([[1.0, -1.0, 0.0, 2.0], [0.0, 1.0, -2.0, 1.0], [0.0, 0.0, 0.0, 0.0]]))
+        net.linear.bias.zero_()
+    weight = net.linear.weight
+    seeds, labels = torch.full((2, 1, 2, 2), 0.5), torch.tensor([0, 1], dtype=torch.int32)  # any integer labels
     # ∇_x CE = Wᵀ(p − e_y): its sign, by hand from the softmax of z = W·0.5 = (1, 0, 0)
     p = torch.softmax(torch.tensor([1.0, 0.0, 0.0]), 0)
-    weight = net[1].weight
     expected = torch.stack([0.5 + 0.1 * (weight.T @ (p - torch.eye(3)[y])).sign() for y in (0, 1)]).view(2, 1, 1, 2, 2)
     start = _gradient_step(ModelAdapter(net), seeds, labels, 0.1)
     torch.testing.assert_close(start, expected)
@@ -436,6 +446,15 @@ def test_the_gradient_start_finds_what_the_black_box_ga_does_not_at_the_default_
             warnings.simplefilter("ignore")
             trainer.validate(ClassifierModule(pretrained("mnist_a")), datamodule=MNISTDataModule(batch_size=100),
                              verbose=False)  # fmt: skip
-        assert callback.latest["iterations"] == 0 and callback.latest["budget"]["forward_passes"] <= 200
+        spent = callback.latest["budget"]
+        assert callback.latest["iterations"] == 0 and spent["forward_passes"] <= spent["allowed"] == 150
         found[gradient_start] = callback.latest["logged"]["hda/ae_proportion"]
     assert found[True] >= 0.2 and found[False] == 0.0
+
+
+def test_hda_test_refuses_a_bad_gradient_start_or_a_start_of_its_own_before_any_work(distribution) -> None:
+    images, labels = torch.rand(4, 1, 28, 28), torch.zeros(4, dtype=torch.long)
+    with pytest.raises(ValueError, match="gradient_start: expected True or False, got 'yes'"):
+        hda_test(pretrained("mnist_a"), images, labels, distribution, k=2, gradient_start="yes")
+    with pytest.raises(ValueError, match=r"ga: unknown two_step_ga arguments \['start'\]"):
+        hda_test(pretrained("mnist_a"), images, labels, distribution, k=2, start=images[:, None])
