@@ -26,7 +26,7 @@ from dlguard._validation import (
 )
 from dlguard.augment.properties import Property, check_properties, check_property_inputs
 from dlguard.generate.failures import Failures
-from dlguard.generate.outputs import Task, model_outputs
+from dlguard.generate.outputs import Task, model_outputs, pass_outputs
 from dlguard.metrics.functional.metamorphic import (
     TASKS,
     MetamorphicRelation,
@@ -36,6 +36,7 @@ from dlguard.metrics.functional.metamorphic import (
 )
 from dlguard.probes.adapter import ModelAdapter
 from dlguard.probes.evaluation import evaluation
+from dlguard.probes.packing import packed_passes
 
 __all__ = ["MetamorphicFailures", "MetamorphicRun", "check_relation", "check_task_target", "metamorphic_test"]
 
@@ -199,23 +200,25 @@ def metamorphic_test(
     if task == "regression":
         count = torch.tensor(float(len(target)), device=device, dtype=torch.float64)
         mse_orig = float(_mse(squared_errors(source, target).sum() if len(target) else count * 0, count))
-    transformed: dict[str, Tensor] = {}
     found: list[tuple[str, int, Tensor, Tensor, Tensor]] = []  # property, level index, rows, outputs, inputs
     squared_sums: list[Tensor] = []
+    levels = [(prop, index, level) for prop in properties for index, level in enumerate(prop.levels)]
+    per_level: dict[str, list[Tensor]] = {prop.name: [] for prop in properties}
     with evaluation(adapter.model), torch.no_grad():
-        for prop in properties:
-            per_level = []
-            for index, level in enumerate(prop.levels):
-                moved = prop(inputs, level, keys) if len(inputs) else inputs
-                outputs = model_outputs(adapter, moved, task, per_pass)
-                per_level.append(outputs)
-                if task == "regression":
-                    squared_sums.append(squared_errors(outputs, target).sum() if len(target) else count * 0)
-                if len(inputs):
-                    rows = relation.violations(source, outputs, target, mse_orig).nonzero().squeeze(1)
-                    if len(rows):
-                        found.append((prop.name, index, rows, outputs[rows], moved[rows]))
-            transformed[prop.name] = torch.stack(per_level)
+        if len(inputs):  # every level's transformed inputs, run in full passes across the levels
+            moved_levels = (((prop, index), prop(inputs, level, keys)) for prop, index, level in levels)
+            swept = packed_passes(lambda part: pass_outputs(adapter, part, task), moved_levels, per_pass)
+        else:
+            swept = (((prop, index), inputs, model_outputs(adapter, inputs, task)) for prop, index, _ in levels)
+        for (prop, index), moved, outputs in swept:
+            per_level[prop.name].append(outputs)
+            if task == "regression":
+                squared_sums.append(squared_errors(outputs, target).sum() if len(target) else count * 0)
+            if len(inputs):
+                rows = relation.violations(source, outputs, target, mse_orig).nonzero().squeeze(1)
+                if len(rows):
+                    found.append((prop.name, index, rows, outputs[rows], moved[rows]))
+    transformed = {name: torch.stack(outputs) for name, outputs in per_level.items()}
     kept = {prop.name: torch.ones(len(prop.levels), dtype=torch.bool, device=device) for prop in properties}
     if task == "regression":
         assert mse_orig is not None

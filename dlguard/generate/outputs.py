@@ -12,7 +12,7 @@ from dlguard.metrics.functional.metamorphic import check_outputs
 from dlguard.probes.adapter import ModelAdapter
 from dlguard.probes.evaluation import evaluation
 
-__all__ = ["Task", "check_num_classes", "correct_predictions", "logit_width", "model_outputs"]
+__all__ = ["Task", "check_num_classes", "correct_predictions", "logit_width", "model_outputs", "pass_outputs"]
 
 Task = Literal["classification", "regression"]
 """What a model's output is read as: logits ``(B, K)``, or one prediction per input ``(B,)``/``(B, 1)``."""
@@ -48,14 +48,18 @@ def model_outputs(
         return torch.zeros((0, *width), device=adapter.device)
     with evaluation(adapter.model), torch.no_grad():
         rows = adapter.rows_per_pass(inputs, max_batch)
-        parts = [adapter(part) for part in inputs.split(rows)]
-    wrong = next((type(part).__name__ for part in parts if not isinstance(part, Tensor)), None)
-    if wrong is not None:
+        return torch.cat([pass_outputs(adapter, part, task) for part in inputs.split(rows)])
+
+
+def pass_outputs(adapter: ModelAdapter, inputs: Tensor, task: Task = "classification") -> Tensor:
+    """One pass of the model on ``inputs``, checked as :func:`model_outputs` checks it (the caller holds eval mode)."""
+    output = adapter(inputs)
+    if not isinstance(output, Tensor):
         raise ValueError(
-            f"output_transform: the model returned {wrong}, expected a tensor of logits (B, K) or predictions "
-            "(B,); pass output_transform= to map the model's output to one"
+            f"output_transform: the model returned {type(output).__name__}, expected a tensor of logits (B, K) or "
+            "predictions (B,); pass output_transform= to map the model's output to one"
         )
-    return check_outputs(task, torch.cat(parts).float(), _NAME)
+    return check_outputs(task, output.float(), _NAME)
 
 
 def correct_predictions(model: nn.Module | ModelAdapter, inputs: Tensor, target: Tensor) -> Tensor:

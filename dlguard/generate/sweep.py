@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -15,6 +17,7 @@ from dlguard.augment.properties import Property, check_properties, check_propert
 from dlguard.generate.outputs import check_num_classes, logit_width
 from dlguard.probes.adapter import ModelAdapter
 from dlguard.probes.evaluation import evaluation
+from dlguard.probes.packing import packed_passes
 
 __all__ = ["RobustnessSweep", "robustness_sweep"]
 
@@ -151,21 +154,28 @@ def robustness_sweep(
     with torch.random.fork_rng(devices=forked), evaluation(adapter.model), torch.no_grad():
         torch.manual_seed(seed)  # unkeyed random properties see the same draws every epoch
         rows = adapter.rows_per_pass(inputs, max_batch) if len(inputs) else 1
+
+        def perturbed() -> Iterator[tuple[tuple[int, int, int], Tensor]]:
+            for index, prop in enumerate(properties):
+                for level_index, level in enumerate(prop.levels):
+                    for offset in range(0, len(inputs), rows):  # perturbed a pass's rows at a time
+                        part, part_keys = inputs[offset : offset + rows], keys[offset : offset + rows]
+                        moved = prop(part, level, keys=part_keys) if prop.keyed else prop(part, level)
+                        yield (index, level_index, offset), moved
+
+        swept: dict[tuple[int, int], list[Tensor]] = defaultdict(list)
+        run = partial(adapter.logits, num_classes=classes)
+        for (index, level_index, offset), moved, part_logits in packed_passes(run, perturbed(), rows):
+            swept[index, level_index].append(part_logits)  # every level in full passes across the levels
+            if max_failures:
+                part_target = target[offset : offset + len(moved)]
+                wrong = part_logits.argmax(dim=1) != part_target
+                failed = _keep(failed, (moved[wrong], part_target[wrong]), max_failures, chooser)
+        empty = torch.zeros(0, classes, device=device)
         for index, prop in enumerate(properties):
-            per_level = []
-            for level_index, level in enumerate(prop.levels):
-                parts, offset = [], 0
-                for part, part_keys in zip(inputs.split(rows), keys.split(rows), strict=True):
-                    perturbed = prop(part, level, keys=part_keys) if prop.keyed else prop(part, level)
-                    parts.append(adapter.logits(perturbed, num_classes=classes))
-                    if max_failures:
-                        part_target = target[offset : offset + len(part)]
-                        wrong = parts[-1].argmax(dim=1) != part_target
-                        failed = _keep(failed, (perturbed[wrong], part_target[wrong]), max_failures, chooser)
-                    offset += len(part)
-                level_logits = torch.cat(parts) if parts else torch.zeros(0, classes, device=device)
+            per_level = [torch.cat(swept[index, level] or [empty]) for level in range(len(prop.levels))]
+            for level_index, level_logits in enumerate(per_level):
                 predictions[index, level_index] = level_logits.argmax(dim=1)
-                per_level.append(level_logits)
             logits[prop.name] = torch.stack(per_level)
     records = share = None
     if combine is not None:
