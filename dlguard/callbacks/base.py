@@ -106,19 +106,21 @@ class ProbeCallback(Callback, ABC):
     - **Cost budget.** ``budget`` bounds the forward passes (inputs through the model) one measurement
       spends beyond the evaluation loop's own: an ``int`` is a count, a ``float`` that multiple of the
       distinct inputs of the loader the probe set is drawn from (as ``limit_val_batches`` reads an int
-      or a fraction; with the default ``0.15`` each later validation epoch with all six costs at
-      most about two plain ones, where the loader has inputs enough for the smallest sets below),
-      ``None`` no bound. A callback sizes its probe set to ``budget / (forward passes per probe input)``
-      when the set is drawn, and HDA its seeds, populations and GA iterations too, never below what a
-      number needs (5 per class for a balanced set, 16 inputs for a uniform one, one HDA seed of 21
-      individuals):
-      such a measurement spends more and warns. What a measurement spent is counted on the model
-      itself, logged as ``<prefix>/forward_passes`` (summed over processes: N processes each add
-      their one-input checks of the logits' width and pass size) and kept with the limit and probe
-      size in the record's ``"budget"``. The draw reuses the validation step's own logits when the
-      step ran the model on the same prepared inputs; otherwise it runs each loader input once, at
-      a draw only, counted as ``draw_passes`` beside the budget. Coverage reads the loop's own passes
-      and spends none.
+      or a fraction; with the default ``0.15`` a validation epoch with all six costs, on average, about
+      two plain ones), ``None`` no bound. A callback sizes its probe set to ``budget / (forward passes
+      per probe input)`` when the set is drawn, and HDA its seeds, populations and GA iterations too,
+      never below what a number needs (5 per class for a balanced set, 16 inputs for a uniform one,
+      one HDA seed of 21 individuals). A measurement that costs more than the budget -- the smallest
+      set, on a small loader -- is spaced out in ``fit`` so that spending averages within the budget:
+      a validation measures only while what the measurements cost so far is within the budget of the
+      validation epochs so far, this one included (a set that costs 3x the budget is measured at about
+      one validation epoch in 3, said once in a warning; ``trainer.validate`` and ``trainer.test``
+      measure at once). What a measurement spent is counted on the model itself, logged as
+      ``<prefix>/forward_passes`` (summed over processes: N processes each add their one-input checks
+      of the logits' width and pass size) and kept with the limit and probe size in the record's
+      ``"budget"``. The draw reuses the validation step's own logits when the step ran the model on
+      the same prepared inputs; otherwise it runs each loader input once, at a draw only, counted as
+      ``draw_passes`` beside the budget. Coverage reads the loop's own passes and spends none.
     - **History and checkpoint.** One record per measurement in ``history``; ``state_dict`` keeps
       the history and the probe set's keys.
     - **Figures.** With a ``WandbLogger`` every measurement's figures go to W&B; without, the latest
@@ -213,11 +215,14 @@ class ProbeCallback(Callback, ABC):
         self._read_train_batch = False
         self._read_eval_batch = False
         self._measured_in_fit = False
+        self._rests_in_fit = 0  # this fit's validations that saved their budget (_rests)
         self._allowed: dict[str, int | None] = {}  # the forward passes a measurement on each stage's set may spend
         self._drawn_size: dict[str, int | None] = {}  # each stage's per_class (or probe_size) after the budget's cut
         self._draw_passes = 0  # forward passes the running draw made to find the correct inputs
         self._loop_outputs = LoopOutputs()  # the loop's own outputs on the batch, so the draw need not run the model
         self._warned_over_budget = False
+        self._spacing: dict[str, int | None] = {"credit": 0, "cost": 0, "allowed": None}  # see _rests
+        self._resting = False  # this fit validation measures nothing: it saves its budget (_rests)
 
     @staticmethod
     def _check_bank(bank: object) -> None:
@@ -314,7 +319,7 @@ class ProbeCallback(Callback, ABC):
         if self.guide is not None and isinstance(self.guide, nn.Module):
             self.guide.to(pl_module.device)
         if stage == "fit":
-            self._measured_in_fit = False
+            self._measured_in_fit, self._rests_in_fit = False, 0
             self._skipped_before_fit = len(self.skipped)
             self._warn_if_never_scheduled(trainer)
         self._warn_if_drawn_globally(trainer)
@@ -406,6 +411,10 @@ class ProbeCallback(Callback, ABC):
         policy = self._probe_policy()
         if policy is None or not self._scheduled(trainer):
             return
+        if stage == "validation" and trainer.state.fn == "fit" and self._rests():
+            self._resting = True
+            self._rests_in_fit += 1
+            return
         restore = self._restored_probe if stage == "validation" else None
         drawn = self._drawn_epoch.get(stage, None if restore is None else restore.get("epoch"))
         due = self._redraw_due(trainer, stage, drawn)
@@ -421,6 +430,40 @@ class ProbeCallback(Callback, ABC):
             policy = replace(policy, seed=self.seed + trainer.current_epoch)
         self._draw = ProbeSetDraw(policy, context=context, empty_ok=True)
         self._draw_passes = 0
+
+    def _rests(self) -> bool:
+        """Whether this fit validation measures nothing, so that measurements dearer than the budget average within it.
+
+        A credit of forward passes gains the budget's ``allowed`` at every scheduled validation (never
+        more than one epoch's worth saved) and pays each measurement's cost; the validation measures
+        when the credit is not negative. A set that fits the budget measures at every scheduled
+        validation; one that costs ``c`` times the budget (the smallest set a number needs, on a
+        small loader) measures at about one in ``c``. The credit is global (every process the same)
+        and kept in the checkpoint, so resumed and uninterrupted runs measure at the same epochs.
+        """
+        allowed, cost, credit = self._spacing["allowed"], self._spacing["cost"] or 0, self._spacing["credit"] or 0
+        if allowed is None or cost <= allowed or min(credit + allowed, allowed) >= 0:
+            return False
+        self._spacing["credit"] = credit + allowed
+        return True
+
+    def _pay(self, stage: str, probe: ProbeSet) -> None:
+        """A fit validation measured ``probe``: its cost comes off the credit (:meth:`_rests`); warns once when over."""
+        allowed, cost = self._allowed.get(stage), self._forward_passes(probe.size)
+        if allowed is None:
+            self._spacing = {"credit": 0, "cost": 0, "allowed": None}
+            return
+        credit = min((self._spacing["credit"] or 0) + allowed, allowed) - cost
+        self._spacing = {"credit": credit, "cost": cost, "allowed": allowed}
+        if cost > allowed and not self._warned_over_budget:
+            self._warned_over_budget = True
+            rank_zero_warn(
+                f"{type(self).__name__}: the smallest probe set a number needs ({probe.size} inputs) costs {cost} "
+                f"forward passes, {cost / allowed:.1f}x budget={self.budget} ({allowed}): to keep within the budget "
+                f"on average, fit measures at about one validation epoch in {cost / allowed:.1f} (trainer.validate "
+                "and trainer.test measure at once); raise budget to measure at every one, or lower the callback's "
+                "per-input cost (fewer properties, levels, mutants)"
+            )
 
     def _redraw_due(self, trainer: L.Trainer, stage: str, drawn: int | None) -> bool:
         if self.redraw_every_n_epochs is None or drawn is None or stage != "validation" or trainer.state.fn != "fit":
@@ -530,14 +573,15 @@ class ProbeCallback(Callback, ABC):
             )
         return None
 
-    def _spent(self, stage: str, probe: ProbeSet | None, spent: int, draw_passes: int) -> dict[str, Any]:
+    def _spent(self, stage: str, probe: ProbeSet | None, spent: int, draw_passes: int, spaced: bool) -> dict[str, Any]:
         """What a measurement was allowed, measured on and spent; warns (once) when it spent more.
 
         The budget bounds the measurement; a draw that could not reuse the validation step's logits
         (``draw_passes``, one per loader input, at a draw only) is counted in ``forward_passes`` beside it.
+        A fit's validation measurements are ``spaced`` (:meth:`_pay` says so instead).
         """
         allowed, measured = self._allowed.get(stage), spent - draw_passes
-        if allowed is not None and measured > allowed and not self._warned_over_budget:
+        if allowed is not None and measured > allowed and not spaced and not self._warned_over_budget:
             self._warned_over_budget = True
             rank_zero_warn(
                 f"{type(self).__name__}: a measurement spent {measured} forward passes, over budget={self.budget} "
@@ -599,6 +643,9 @@ class ProbeCallback(Callback, ABC):
     def _end(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if not self._scheduled(trainer):
             return
+        if self._resting:
+            self._resting = False
+            return
         if self._restore_draw is not None:  # the checkpoint's set, found again (first: a redraw may replace it)
             draw, self._restore_draw = self._restore_draw, None
             self._probes[stage] = self._finish(draw)
@@ -630,7 +677,10 @@ class ProbeCallback(Callback, ABC):
         with count_forward_passes(pl_module) as count:
             record, logged = self._measure(trainer, pl_module, probe, stage)
         draw_passes, spent = _distributed.all_sum(torch.tensor([draw_passes, count.inputs + draw_passes])).tolist()
-        record["budget"] = self._spent(stage, probe, spent, draw_passes)
+        spaced = stage == "validation" and trainer.state.fn == "fit" and probe is not None
+        if spaced:
+            self._pay(stage, probe)
+        record["budget"] = self._spent(stage, probe, spent, draw_passes, spaced)
         if self._probe_policy() is not None:
             logged[f"{self.prefix}/forward_passes"] = float(spent)
         undefined = sorted(key for key, value in logged.items() if not math.isfinite(value))
@@ -701,6 +751,7 @@ class ProbeCallback(Callback, ABC):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._draw = self._restore_draw = None  # a draw cut short must not be finished by a later run
+        self._resting = False
         self._loop_outputs.clear()
 
     # ---- figures and files -------------------------------------------------------------------
@@ -747,6 +798,16 @@ class ProbeCallback(Callback, ABC):
         if self._measured_in_fit or not scheduled or trainer.limit_val_batches == 0:
             return
         batches = list(trainer.num_val_batches)
+        if self._rests_in_fit:
+            cost, allowed = self._spacing["cost"] or 0, self._spacing["allowed"] or 1
+            warnings.warn(
+                f"{type(self).__name__}: measured nothing in this fit: its {self._rests_in_fit} scheduled validation "
+                f"epoch(s) saved budget={self.budget} ({allowed} forward passes each) towards a measurement that costs "
+                f"{cost}, which fit makes at about one validation epoch in {cost / allowed:.1f}; raise budget to "
+                "measure sooner",
+                stacklevel=2,
+            )
+            return
         if len(self.skipped) > self._skipped_before_fit:  # this fit's own refusals, not a resumed run's earlier ones
             warnings.warn(
                 f"{type(self).__name__}: measured nothing in this fit: at each of the {len(scheduled)} scheduled "
@@ -797,7 +858,13 @@ class ProbeCallback(Callback, ABC):
                 "allowed": self._allowed.get("validation"),
                 "drawn_size": self._drawn_size.get("validation"),
             }
-        return {"history": self.history, "probe": probe_state, "skipped": self.skipped, **self._extra_state()}
+        return {
+            "history": self.history,
+            "probe": probe_state,
+            "skipped": self.skipped,
+            "spacing": dict(self._spacing),
+            **self._extra_state(),
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = list(state_dict.get("history", []))
@@ -806,4 +873,5 @@ class ProbeCallback(Callback, ABC):
         self._probes.pop("validation", None)
         self._drawn_epoch.pop("validation", None)
         self._restored_probe = state_dict.get("probe")
+        self._spacing = {"credit": 0, "cost": 0, "allowed": None, **state_dict.get("spacing", {})}
         self._load_extra_state(state_dict)

@@ -182,3 +182,45 @@ def test_hda_with_the_separation_indicator_stays_within_its_budget(tmp_path: Pat
     assert (record["seeds"], record["iterations"]) == (10, 0)  # 750 pay 10 populations of 40, not one iteration
     search = 10 * (40 + 2 + 1) + 3
     assert record["budget"]["probe_inputs"] == (1000 - search) // 3  # logits, separation, selection
+
+
+def _spaced_fit(root: Path, epochs: int, ckpt: Path | None = None) -> DScoreCallback:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    dscore = DScoreCallback(budget=100)  # the smallest set (16 inputs) costs 16 x 19 + 2 = 306 passes
+    saver = ModelCheckpoint(dirpath=root / "checkpoints", save_top_k=-1, every_n_epochs=1)
+    trainer = quick_trainer(root, [dscore, saver], epochs=epochs, train_batches=1, val_batches=2)
+    module = ClassifierModule(pretrained("mnist_a"), lr=1e-6)
+    trainer.fit(module, datamodule=MNISTDataModule(batch_size=50), ckpt_path=ckpt)
+    return dscore
+
+
+def test_a_measurement_dearer_than_the_budget_is_spaced_so_that_fit_averages_within_it(tmp_path: Path) -> None:
+    with pytest.warns(
+        UserWarning, match=r"costs 306 forward passes, 3\.1x budget=100 \(100\).* one validation epoch in 3\.1"
+    ):
+        dscore = _spaced_fit(tmp_path, epochs=7)
+    measured = [r["epoch"] for r in dscore.history]
+    # by hand: 306 spent at 0; 306 > 200, 300 saved by epochs 1, 2; 306 <= 400 at 3; 612 > 500, 600; 612 <= 700 at 6
+    assert measured == [0, 3, 6]
+    spent = 0
+    for record in dscore.history:  # a measurement starts only while what was spent is within the epochs' budget
+        assert spent <= 100 * (record["epoch"] + 1)
+        spent += record["budget"]["forward_passes"]
+    assert all(r["budget"]["forward_passes"] == 306 for r in dscore.history)
+    trainer = quick_trainer(tmp_path / "validate", [dscore], val_batches=2)
+    trainer.validate(ClassifierModule(pretrained("mnist_a")), datamodule=MNISTDataModule(batch_size=50), verbose=False)
+    assert dscore.history[-1]["fn"] == "validate"  # asked for numbers now: measured at once
+
+
+def test_a_resumed_run_saves_up_and_measures_at_the_epochs_an_uninterrupted_run_does(tmp_path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        whole = _spaced_fit(tmp_path / "whole", epochs=7)
+        resumed = _spaced_fit(tmp_path / "resumed", 7, next((tmp_path / "whole" / "checkpoints").glob("epoch=1-*")))
+    assert [r["epoch"] for r in resumed.history] == [0, 3, 6]  # epoch 0 from the checkpoint's history
+    assert [r["logged"] for r in resumed.history] == [r["logged"] for r in whole.history]
+    resting = next((tmp_path / "whole" / "checkpoints").glob("epoch=3-*"))
+    with pytest.warns(UserWarning, match=r"measured nothing in this fit: its 2 scheduled validation epoch\(s\) saved"):
+        only_rests = _spaced_fit(tmp_path / "rests", 6, resting)  # epochs 4 and 5 save up for epoch 6
+    assert [r["epoch"] for r in only_rests.history] == [0, 3]

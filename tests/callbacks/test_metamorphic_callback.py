@@ -303,7 +303,12 @@ def _resumable(tmp_path: Path) -> list[L.Callback]:
     replay = FailureReplay(fraction=0.25)
     return [
         MetamorphicCallback(
-            properties=chosen(("brightness", "fog")), task="regression", lam=2.0, probe_size=40, bank=replay.bank
+            properties=chosen(("brightness", "fog")),
+            task="regression",
+            lam=2.0,
+            probe_size=40,
+            bank=replay.bank,
+            budget=None,  # every epoch measures (test_budget: a resumed run spaces its measurements alike)
         ),
         replay,
         ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_top_k=-1, every_n_epochs=1),

@@ -218,7 +218,7 @@ def _resumable(tmp_path: Path) -> list[L.Callback]:
     replay = FailureReplay(fraction=0.25, batch_keys=KEYS)
     return [
         ObjectRelevancyCallback(
-            masks=digit_masks, probe_size=30, bank=replay.bank, preprocess=normalize, batch_keys=KEYS
+            masks=digit_masks, probe_size=30, bank=replay.bank, preprocess=normalize, batch_keys=KEYS, budget=None
         ),
         replay,
         ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_top_k=-1, every_n_epochs=1),

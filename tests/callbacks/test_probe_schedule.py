@@ -171,9 +171,9 @@ def test_a_resumed_run_redraws_when_an_uninterrupted_run_does(tmp_path: Path) ->
 
     def callbacks(root: Path) -> list[L.Callback]:
         return [
-            # the default budget: the cut sizes and their limits go into the checkpoint too
-            DScoreCallback(n=2, probe_size=30, redraw_every_n_epochs=2),
-            RobustnessCallback(per_class=3, pairs=20, redraw_every_n_epochs=2),
+            # a budget: the cut sizes and their limits go into the checkpoint too
+            DScoreCallback(n=2, probe_size=30, redraw_every_n_epochs=2, budget=2.5),
+            RobustnessCallback(per_class=3, pairs=20, redraw_every_n_epochs=2, budget=2.5),
             ModelCheckpoint(dirpath=root / "checkpoints", save_top_k=-1, every_n_epochs=1),
         ]
 
@@ -199,7 +199,7 @@ def test_a_resumed_run_redraws_when_an_uninterrupted_run_does(tmp_path: Path) ->
         assert before.probe_set().seed == after.probe_set().seed == 3
         # epoch 2 measures the checkpoint's set: its limit comes back from the checkpoint
         budgets = [[r["budget"] for r in c.history if r["epoch"] == 2] for c in (before, after)]
-        assert budgets[0] == budgets[1] and budgets[0][0]["allowed"] == 30  # 0.15 x 200
+        assert budgets[0] == budgets[1] and budgets[0][0]["allowed"] == 500  # 2.5 x 200
 
 
 class CollapsesAt(LearnsAtEpoch):
@@ -222,7 +222,7 @@ def test_a_refused_redraw_keeps_the_set_in_use_and_a_resumed_run_does_the_same(t
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     def run(root: Path, ckpt: Path | None = None) -> DScoreCallback:
-        dscore = DScoreCallback(n=2, probe_size=30, redraw_every_n_epochs=2)  # the default budget
+        dscore = DScoreCallback(n=2, probe_size=30, redraw_every_n_epochs=2, budget=1.0)  # fits: every epoch measures
         saver = ModelCheckpoint(dirpath=root / "checkpoints", save_top_k=-1, every_n_epochs=1)
         trainer = quick_trainer(root, [dscore, saver], epochs=4, train_batches=2, val_batches=4)
         trainer.fit(CollapsesAt({2}), datamodule=MNISTDataModule(batch_size=50), ckpt_path=ckpt)

@@ -239,7 +239,7 @@ class SignalClassifier(L.LightningModule):
 
 def test_signals_get_coverage_and_noise_robustness(tmp_path: Path) -> None:
     properties = [p for p in default_properties(value_range=None) if p.name != "rotation"]
-    robustness = RobustnessCallback(properties=properties, per_class=10, pairs=30)
+    robustness = RobustnessCallback(properties=properties, per_class=10, pairs=30, budget=None)  # every epoch
     coverage = NeuronCoverageCallback()
     trainer = quick_trainer(tmp_path, [robustness, coverage], epochs=3, train_batches=10, val_batches=3)
     module = SignalClassifier()
