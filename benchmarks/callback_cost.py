@@ -33,13 +33,16 @@ callback's first measurement. Forward passes are counted with a hook on the netw
 from __future__ import annotations
 
 import argparse
+import atexit
 import copy
 import logging
+import shutil
 import tempfile
 import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from statistics import mean
 from typing import Any
 
 import lightning as L
@@ -61,6 +64,7 @@ from dlguard.generate.distribution import PCADistribution
 from dlguard.zoo import ClassifierModule, pretrained
 
 ROOT = tempfile.mkdtemp(prefix="dlguard-callback-cost-")  # the callbacks' end-of-run figures land here
+atexit.register(shutil.rmtree, ROOT, ignore_errors=True)
 MEAN, STD = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
 
 
@@ -169,45 +173,67 @@ def callbacks(options: dict[str, Any], train: Tensor) -> dict[str, Callable[[], 
     }
 
 
+_HOOKS = ("on_validation_epoch_start", "on_validation_batch_start", "on_validation_batch_end")
+_HOOKS += ("on_validation_epoch_end",)
+
+
 class EpochTimer(L.Callback):
-    """Seconds of each validation epoch and the images the network ran in it.
+    """Seconds of each validation epoch, the images the network ran in it, and the seconds spent in dlguard's hooks.
 
     :meth:`starter` goes first in the trainer's callbacks (it starts the clock before any callback's
     epoch start: coverage profiles there), the timer itself last (it stops after every measurement).
+    The attached callbacks' validation hooks are timed one by one: their sum is the time the callbacks
+    themselves took, free of the run-to-run noise of the loop around them.
     """
 
-    def __init__(self, net: nn.Module, device: str) -> None:
+    def __init__(self, net: nn.Module, device: str, attached: list[L.Callback]) -> None:
         self.net, self.device = net, device
-        self.epochs: list[tuple[float, int]] = []
+        self.epochs: list[tuple[float, int, float]] = []
+        self.in_hooks = 0.0
         timer = self
 
         class Starter(L.Callback):
             def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-                timer.rows = [0]
+                timer.rows, timer.in_hooks = [0], 0.0
                 timer.handle = net.register_forward_hook(
                     lambda _, a, out: timer.rows.__setitem__(0, timer.rows[0] + len(a[0]))
                 )
                 timer.start = time.perf_counter()
 
         self.starter = Starter()
+        for callback in attached:
+            for name in _HOOKS:
+                setattr(callback, name, self._timed(getattr(callback, name)))
+
+    def _timed(self, hook: Callable[..., None]) -> Callable[..., None]:
+        def timed(*args: Any, **kwargs: Any) -> None:
+            started = time.perf_counter()
+            try:
+                hook(*args, **kwargs)
+            finally:
+                if self.device == "cuda":
+                    torch.cuda.synchronize()
+                self.in_hooks += time.perf_counter() - started
+
+        return timed
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.device == "cuda":
             torch.cuda.synchronize()
-        self.epochs.append((time.perf_counter() - self.start, self.rows[0]))
+        self.epochs.append((time.perf_counter() - self.start, self.rows[0], self.in_hooks))
         self.handle.remove()
 
 
 def validation_epochs(
-    net: nn.Module, normalize: bool, data: Data, attached: list[L.Callback], device: str
-) -> list[tuple[float, int]]:
-    """``(seconds, images)`` of the two validation epochs of a two-epoch fit (one training batch each)."""
+    net: nn.Module, normalize: bool, data: Data, attached: list[L.Callback], device: str, epochs: int
+) -> list[tuple[float, int, float]]:
+    """``(seconds, images, seconds in dlguard's hooks)`` of each validation epoch of a fit (one training batch each)."""
     module = Classifier(copy.deepcopy(net), normalize=normalize)
-    timer = EpochTimer(module.net, device)
+    timer = EpochTimer(module.net, device, attached)
     trainer = L.Trainer(
         accelerator=device, devices=1, callbacks=[timer.starter, *attached, timer], logger=False,
         enable_progress_bar=False,
-        enable_model_summary=False, enable_checkpointing=False, default_root_dir=ROOT, max_epochs=2,
+        enable_model_summary=False, enable_checkpointing=False, default_root_dir=ROOT, max_epochs=epochs,
         limit_train_batches=1, num_sanity_val_steps=0,
     )  # fmt: skip
     trainer.fit(module, datamodule=data)
@@ -221,8 +247,11 @@ def main() -> None:
     parser.add_argument("--train-epochs", type=int, default=0, help="train the network first (outside the timing)")
     parser.add_argument("--only", nargs="+", default=None, help="time these rows only (e.g. 'all six together')")
     parser.add_argument("--budget", default=None, help="every callback's budget: 0.2 (a share) or 4200 (passes)")
+    parser.add_argument("--epochs", type=int, default=2, help="validation epochs per fit: the first and the later ones")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
+    if args.epochs < 2:
+        parser.error(f"--epochs: at least 2 (a first and a later validation epoch), got {args.epochs}")
     warnings.filterwarnings("ignore")
     for name in ("lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -236,29 +265,32 @@ def main() -> None:
     seconds = time.perf_counter() - started
     trained = f"trained {args.train_epochs} epochs ({seconds:.0f} s), " if args.train_epochs else ""
     makers = callbacks(options, train)
-    validation_epochs(net, normalize, data, [], args.device)  # warm-up
-    plain_epochs = validation_epochs(net, normalize, data, [], args.device)
-    plain, plain_rows = plain_epochs[1]
+    validation_epochs(net, normalize, data, [], args.device, 2)  # warm-up
+    plain_epochs = validation_epochs(net, normalize, data, [], args.device, args.epochs)
+    plain, plain_rows = mean([s for s, _, _ in plain_epochs[1:]]), plain_epochs[1][1]
     plain_rate = plain_rows / plain
     print(f"{args.model}, {trained}validation accuracy {accuracy(net, data, normalize):.3f}, {args.val_size} "
           f"validation inputs, {args.device}: plain validation epoch {plain:.2f} s "
           f"({plain_rate:.0f} images/s)\n")  # fmt: skip
     print("| callback | measurement | validation with it | ratio | images its passes took |", end="")
-    print(" its images/s over the loop's |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(" seconds in its hooks | its images/s over the loop's |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     runs = {name: [make()] for name, make in makers.items()}
     runs["all six together"] = [make() for make in makers.values()]
     unknown = sorted(set(args.only or ()) - set(runs))
     if unknown:
         parser.error(f"--only: no row named {unknown}; choose from {list(runs)}")
+    later = "later" if args.epochs == 2 else f"later (mean of {args.epochs - 1})"
     for name, attached in runs.items():
         if args.only and name not in args.only:
             continue
-        epochs = validation_epochs(net, normalize, data, attached, args.device)
-        for which, (seconds, rows), (plain, plain_rows) in zip(("first", "later"), epochs, plain_epochs, strict=True):
-            extra_rows, extra_seconds = rows - plain_rows, max(seconds - plain, 1e-9)
-            speed = extra_rows / extra_seconds / plain_rate
-            print(f"| {name} | {which} | {seconds:.2f} s | {seconds / plain:.1f}x | {extra_rows} | {speed:.2f} |")
+        epochs = validation_epochs(net, normalize, data, attached, args.device, args.epochs)
+        for which, timed in (("first", epochs[:1]), (later, epochs[1:])):
+            seconds, hooks = mean([t[0] for t in timed]), mean([t[2] for t in timed])
+            extra_rows = mean([t[1] - plain_rows for t in timed])
+            speed = f"{extra_rows / hooks / plain_rate:.2f}" if extra_rows else "–"
+            print(f"| {name} | {which} | {seconds:.2f} s | {seconds / plain:.1f}x | {extra_rows:,.0f} | {hooks:.2f} s "
+                  f"| {speed} |")  # fmt: skip
 
 
 if __name__ == "__main__":
