@@ -223,6 +223,7 @@ class ProbeCallback(Callback, ABC):
         self._warned_over_budget = False
         self._spacing: dict[str, int | None] = {"credit": 0, "cost": 0, "allowed": None}  # see _rests
         self._resting = False  # this fit validation measures nothing: it saves its budget (_rests)
+        self._warned_spacing = False
 
     @staticmethod
     def _check_bank(bank: object) -> None:
@@ -259,6 +260,10 @@ class ProbeCallback(Callback, ABC):
     def _forward_passes(self, inputs: int) -> int:
         """Forward passes a measurement on ``inputs`` probe inputs spends (linear in ``inputs``; 0: not sized)."""
         return 0
+
+    def _measurement_cost(self, probe: ProbeSet, allowed: int) -> int:
+        """Forward passes a measurement on ``probe`` spends when ``allowed`` this many (what spacing pays)."""
+        return self._forward_passes(probe.size)
 
     def _check_model(self, pl_module: nn.Module) -> None:
         """Raise before any work when the model lacks what the callback needs."""
@@ -408,10 +413,11 @@ class ProbeCallback(Callback, ABC):
                 f"dataloader_idx: {self.dataloader_idx}, but the {stage} loop has {loaders} dataloader(s) "
                 f"(0..{loaders - 1})"
             )
+        self._resting = False
         policy = self._probe_policy()
         if policy is None or not self._scheduled(trainer):
             return
-        if stage == "validation" and trainer.state.fn == "fit" and self._rests():
+        if self._spaced_stage(trainer, stage) and self._rests():
             self._resting = True
             self._rests_in_fit += 1
             return
@@ -431,6 +437,11 @@ class ProbeCallback(Callback, ABC):
         self._draw = ProbeSetDraw(policy, context=context, empty_ok=True)
         self._draw_passes = 0
 
+    @staticmethod
+    def _spaced_stage(trainer: L.Trainer, stage: str) -> bool:
+        """Whether this evaluation is one that spacing may skip and pays for: a fit's validation."""
+        return stage == "validation" and trainer.state.fn == "fit"
+
     def _rests(self) -> bool:
         """Whether this fit validation measures nothing, so that measurements dearer than the budget average within it.
 
@@ -442,28 +453,34 @@ class ProbeCallback(Callback, ABC):
         and kept in the checkpoint, so resumed and uninterrupted runs measure at the same epochs.
         """
         allowed, cost, credit = self._spacing["allowed"], self._spacing["cost"] or 0, self._spacing["credit"] or 0
-        if allowed is None or cost <= allowed or min(credit + allowed, allowed) >= 0:
+        if self.budget is None or allowed is None or cost <= allowed or min(credit + allowed, allowed) >= 0:
             return False
         self._spacing["credit"] = credit + allowed
         return True
 
-    def _pay(self, stage: str, probe: ProbeSet) -> None:
-        """A fit validation measured ``probe``: its cost comes off the credit (:meth:`_rests`); warns once when over."""
-        allowed, cost = self._allowed.get(stage), self._forward_passes(probe.size)
+    def _pay(self, stage: str, probe: ProbeSet) -> int | None:
+        """A fit validation measured ``probe``: its cost comes off the credit (:meth:`_rests`) and is returned.
+
+        Warns once when the cost is over the budget, so that fit spaces the measurements out.
+        """
+        allowed = None if self.budget is None else self._allowed.get(stage)
         if allowed is None:
             self._spacing = {"credit": 0, "cost": 0, "allowed": None}
-            return
+            return None
+        cost = self._measurement_cost(probe, allowed)
         credit = min((self._spacing["credit"] or 0) + allowed, allowed) - cost
         self._spacing = {"credit": credit, "cost": cost, "allowed": allowed}
-        if cost > allowed and not self._warned_over_budget:
-            self._warned_over_budget = True
+        if cost > allowed and not self._warned_spacing:
+            self._warned_spacing = True
             rank_zero_warn(
-                f"{type(self).__name__}: the smallest probe set a number needs ({probe.size} inputs) costs {cost} "
-                f"forward passes, {cost / allowed:.1f}x budget={self.budget} ({allowed}): to keep within the budget "
-                f"on average, fit measures at about one validation epoch in {cost / allowed:.1f} (trainer.validate "
-                "and trainer.test measure at once); raise budget to measure at every one, or lower the callback's "
-                "per-input cost (fewer properties, levels, mutants)"
+                f"{type(self).__name__}: the smallest measurement a number needs ({probe.size} probe inputs) costs "
+                f"{cost} forward passes, {cost / allowed:.1f}x budget={self.budget} ({allowed}): to keep within the "
+                f"budget on average, fit measures at about one scheduled validation in {cost / allowed:.1f} "
+                "(trainer.validate and trainer.test measure at once; a metric monitored by ModelCheckpoint or "
+                "EarlyStopping is missing in between); raise budget to measure at every one, or lower the "
+                "callback's per-input cost (fewer properties, levels, mutants)"
             )
+        return cost
 
     def _redraw_due(self, trainer: L.Trainer, stage: str, drawn: int | None) -> bool:
         if self.redraw_every_n_epochs is None or drawn is None or stage != "validation" or trainer.state.fn != "fit":
@@ -573,14 +590,17 @@ class ProbeCallback(Callback, ABC):
             )
         return None
 
-    def _spent(self, stage: str, probe: ProbeSet | None, spent: int, draw_passes: int, spaced: bool) -> dict[str, Any]:
+    def _spent(
+        self, stage: str, probe: ProbeSet | None, spent: int, draw_passes: int, paid: int | None
+    ) -> dict[str, Any]:
         """What a measurement was allowed, measured on and spent; warns (once) when it spent more.
 
         The budget bounds the measurement; a draw that could not reuse the validation step's logits
         (``draw_passes``, one per loader input, at a draw only) is counted in ``forward_passes`` beside it.
-        A fit's validation measurements are ``spaced`` (:meth:`_pay` says so instead).
+        A fit validation that :meth:`_pay` spaced out for its cost (``paid``) says so there instead.
         """
         allowed, measured = self._allowed.get(stage), spent - draw_passes
+        spaced = paid is not None and allowed is not None and paid > allowed
         if allowed is not None and measured > allowed and not spaced and not self._warned_over_budget:
             self._warned_over_budget = True
             rank_zero_warn(
@@ -643,7 +663,7 @@ class ProbeCallback(Callback, ABC):
     def _end(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if not self._scheduled(trainer):
             return
-        if self._resting:
+        if self._resting and self._spaced_stage(trainer, stage):
             self._resting = False
             return
         if self._restore_draw is not None:  # the checkpoint's set, found again (first: a redraw may replace it)
@@ -677,10 +697,8 @@ class ProbeCallback(Callback, ABC):
         with count_forward_passes(pl_module) as count:
             record, logged = self._measure(trainer, pl_module, probe, stage)
         draw_passes, spent = _distributed.all_sum(torch.tensor([draw_passes, count.inputs + draw_passes])).tolist()
-        spaced = stage == "validation" and trainer.state.fn == "fit" and probe is not None
-        if spaced:
-            self._pay(stage, probe)
-        record["budget"] = self._spent(stage, probe, spent, draw_passes, spaced)
+        paid = self._pay(stage, probe) if self._spaced_stage(trainer, stage) and probe is not None else None
+        record["budget"] = self._spent(stage, probe, spent, draw_passes, paid)
         if self._probe_policy() is not None:
             logged[f"{self.prefix}/forward_passes"] = float(spent)
         undefined = sorted(key for key, value in logged.items() if not math.isfinite(value))

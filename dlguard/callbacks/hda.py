@@ -221,13 +221,19 @@ class HDACallback(ProbeCallback):
     def _per_candidate(self) -> int:
         return 3 if self.indicator == "sep" else 2  # its logits, and its gradient or its separation
 
+    def _search_passes(self, allowed: int | None) -> int:
+        """Forward passes of the planned seeds' search and the passes' sizing, beside the candidates'."""
+        seeds, population, iterations = self._plan(allowed)
+        return seeds * (population * (iterations + 1) + 2 + self.gradient_start) + _SIZING_PASSES
+
     def _probe_limit(self, seen: int) -> int | None:
         allowed = self._allowed_passes(seen)
         if allowed is None:
             return None
-        seeds, population, iterations = self._plan(allowed)
-        search = seeds * (population * (iterations + 1) + 2 + self.gradient_start) + _SIZING_PASSES
-        return max((allowed - search) // self._per_candidate, FEWEST_PROBE_INPUTS)
+        return max((allowed - self._search_passes(allowed)) // self._per_candidate, FEWEST_PROBE_INPUTS)
+
+    def _measurement_cost(self, probe: ProbeSet, allowed: int) -> int:
+        return self._search_passes(allowed) + probe.size * self._per_candidate
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)

@@ -59,6 +59,11 @@ def pass_outputs(adapter: ModelAdapter, inputs: Tensor, task: Task = "classifica
             f"output_transform: the model returned {type(output).__name__}, expected a tensor of logits (B, K) or "
             "predictions (B,); pass output_transform= to map the model's output to one"
         )
+    if output.ndim == 0 or len(output) != len(inputs):
+        raise ValueError(
+            f"output_transform: the model's output has shape {tuple(output.shape)} for {len(inputs)} inputs, "
+            "expected one row per input"
+        )
     return check_outputs(task, output.float(), _NAME)
 
 

@@ -22,15 +22,22 @@ def packed_passes(
 
     A sweep makes many small batches -- each property level of a 16-input probe set is 16 rows --
     and a pass per batch runs the model far below its throughput at a full pass. Here the chunks'
-    rows are queued and run ``rows`` at a time (the last pass takes what is left); each chunk comes
-    back, in order, as ``(tag, inputs, outputs)`` as soon as its last row has run, so the caller
-    handles one chunk at a time and at most ``rows`` plus one chunk's inputs wait in memory. The
-    outputs equal ``run(inputs)`` up to the batch-size dependence of the model's kernels.
+    rows are queued and run ``rows`` at a time (the last pass takes what is left; a chunk of another
+    row shape or dtype than the queue's starts a new pass); each chunk comes back, in order, as
+    ``(tag, inputs, outputs)`` as soon as its last row has run, so the caller handles one chunk at
+    a time and no more than about ``rows`` plus one chunk's inputs wait (twice that while a pass is
+    cut from them). The outputs equal ``run(inputs)`` up to the batch-size dependence of the
+    model's kernels.
 
     Args:
-        run: the model on a batch, e.g. :meth:`~dlguard.probes.ModelAdapter.logits`.
+        run: the model on a batch, one output row per input row, e.g.
+            :meth:`~dlguard.probes.ModelAdapter.logits`.
         chunks: ``(tag, inputs)`` pairs, each with at least one row; ``tag`` is handed back untouched.
         rows: rows per pass (``>= 1``).
+
+    Raises:
+        ValueError: for ``rows < 1`` (at once), a chunk without rows, or ``run`` returning another
+            number of rows than it was given.
 
     Example:
         >>> import torch
@@ -43,6 +50,12 @@ def packed_passes(
         ([('a', [0.0, 10.0, 20.0]), ('b', [30.0, 40.0]), ('c', [50.0])], [4, 2])
     """
     positive_int("rows", rows)
+    return _packed(run, chunks, rows)
+
+
+def _packed(
+    run: Callable[[Tensor], Tensor], chunks: Iterable[tuple[Tag, Tensor]], rows: int
+) -> Iterator[tuple[Tag, Tensor, Tensor]]:
     waiting: list[tuple[Tag, Tensor]] = []  # chunks whose outputs are not all in yet
     queued: list[Tensor] = []  # inputs not run yet
     done: list[Tensor] = []  # outputs not handed back yet
@@ -55,7 +68,11 @@ def packed_passes(
         inputs = torch.cat(queued) if len(queued) > 1 else queued[0]
         full = queued_rows if final else queued_rows // rows * rows
         for part in inputs[:full].split(rows):
-            done.append(run(part))
+            out = run(part)
+            if out.ndim == 0 or len(out) != len(part):
+                got = "a scalar" if out.ndim == 0 else f"{len(out)} rows"
+                raise ValueError(f"run: returned {got} for a pass of {len(part)} inputs, expected one row per input")
+            done.append(out)
         done_rows += full
         queued, queued_rows = ([inputs[full:]] if full < queued_rows else []), queued_rows - full
 
@@ -71,6 +88,9 @@ def packed_passes(
     for tag, inputs in chunks:
         if not len(inputs):
             raise ValueError(f"chunks: chunk {tag!r} has no rows; leave empty batches out")
+        if queued and (inputs.shape[1:] != queued[0].shape[1:] or inputs.dtype != queued[0].dtype):
+            run_passes(final=True)  # rows of another shape or dtype do not share a pass
+            yield from ready()
         waiting.append((tag, inputs))
         queued.append(inputs)
         queued_rows += len(inputs)

@@ -184,10 +184,10 @@ def test_hda_with_the_separation_indicator_stays_within_its_budget(tmp_path: Pat
     assert record["budget"]["probe_inputs"] == (1000 - search) // 3  # logits, separation, selection
 
 
-def _spaced_fit(root: Path, epochs: int, ckpt: Path | None = None) -> DScoreCallback:
+def _spaced_fit(root: Path, epochs: int, ckpt: Path | None = None, budget: int | None = 100) -> DScoreCallback:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    dscore = DScoreCallback(budget=100)  # the smallest set (16 inputs) costs 16 x 19 + 2 = 306 passes
+    dscore = DScoreCallback(budget=budget)  # the smallest set (16 inputs) costs 16 x 19 + 2 = 306 passes
     saver = ModelCheckpoint(dirpath=root / "checkpoints", save_top_k=-1, every_n_epochs=1)
     trainer = quick_trainer(root, [dscore, saver], epochs=epochs, train_batches=1, val_batches=2)
     module = ClassifierModule(pretrained("mnist_a"), lr=1e-6)
@@ -197,7 +197,7 @@ def _spaced_fit(root: Path, epochs: int, ckpt: Path | None = None) -> DScoreCall
 
 def test_a_measurement_dearer_than_the_budget_is_spaced_so_that_fit_averages_within_it(tmp_path: Path) -> None:
     with pytest.warns(
-        UserWarning, match=r"costs 306 forward passes, 3\.1x budget=100 \(100\).* one validation epoch in 3\.1"
+        UserWarning, match=r"costs 306 forward passes, 3\.1x budget=100 \(100\).* one scheduled validation in 3\.1"
     ):
         dscore = _spaced_fit(tmp_path, epochs=7)
     measured = [r["epoch"] for r in dscore.history]
@@ -208,9 +208,11 @@ def test_a_measurement_dearer_than_the_budget_is_spaced_so_that_fit_averages_wit
         assert spent <= 100 * (record["epoch"] + 1)
         spent += record["budget"]["forward_passes"]
     assert all(r["budget"]["forward_passes"] == 306 for r in dscore.history)
+    spacing = dict(dscore._spacing)
     trainer = quick_trainer(tmp_path / "validate", [dscore], val_batches=2)
     trainer.validate(ClassifierModule(pretrained("mnist_a")), datamodule=MNISTDataModule(batch_size=50), verbose=False)
     assert dscore.history[-1]["fn"] == "validate"  # asked for numbers now: measured at once
+    assert dscore._spacing == spacing  # and fit's credit untouched
 
 
 def test_a_resumed_run_saves_up_and_measures_at_the_epochs_an_uninterrupted_run_does(tmp_path: Path) -> None:
@@ -224,3 +226,25 @@ def test_a_resumed_run_saves_up_and_measures_at_the_epochs_an_uninterrupted_run_
     with pytest.warns(UserWarning, match=r"measured nothing in this fit: its 2 scheduled validation epoch\(s\) saved"):
         only_rests = _spaced_fit(tmp_path / "rests", 6, resting)  # epochs 4 and 5 save up for epoch 6
     assert [r["epoch"] for r in only_rests.history] == [0, 3]
+
+
+def test_resumed_without_a_budget_it_measures_at_every_epoch(tmp_path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _spaced_fit(tmp_path / "whole", epochs=2)
+        checkpoint = next((tmp_path / "whole" / "checkpoints").glob("epoch=1-*"))  # saving up after epoch 0
+        resumed = _spaced_fit(tmp_path / "resumed", 5, checkpoint, budget=None)
+    assert [r["epoch"] for r in resumed.history] == [0, 2, 3, 4]
+
+
+def test_hda_is_spaced_by_what_its_plan_costs(tmp_path: Path) -> None:
+    # 40 passes plan 1 seed of 21 individuals, no iteration (21 + 2 + 1 for its gradient start), 3 sizing passes
+    # and 16 candidates x 2: 59 passes. By hand (a measurement starts while what was spent is within 40 per
+    # epoch so far): 0 at epoch 0, 59 <= 80 at 1, 118 <= 120 at 2, 177 > 160 at 3, 177 <= 200 at 4
+    hda = HDACallback(budget=40)
+    with pytest.warns(UserWarning, match=r"costs 59 forward passes, 1\.5x budget=40 \(40\)"):
+        trainer = quick_trainer(tmp_path, [hda], epochs=5, train_batches=1, val_batches=2)
+        trainer.fit(ClassifierModule(pretrained("mnist_a"), lr=1e-6), datamodule=MNISTDataModule(batch_size=50))
+    assert [r["epoch"] for r in hda.history] == [0, 1, 2, 4]
+    assert {(r["seeds"], r["population"], r["iterations"]) for r in hda.history} == {(1, 21, 0)}
+    assert {r["budget"]["forward_passes"] for r in hda.history} == {59}  # the plan's cost is what it spent

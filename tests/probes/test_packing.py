@@ -36,15 +36,41 @@ def test_a_chunk_comes_back_as_soon_as_its_last_row_has_run() -> None:
     def chunks():
         for tag in ("a", "b", "c"):
             seen.append(f"made {tag}")
-            yield tag, torch.ones(2, 1)
+            yield tag, torch.ones(3, 1)
 
-    for tag, _, _ in packed_passes(lambda x: x, chunks(), rows=2):
+    def run(x: Tensor) -> Tensor:
+        seen.append(f"pass of {len(x)}")
+        return x
+
+    for tag, _, _ in packed_passes(run, chunks(), rows=2):
         seen.append(f"got {tag}")
-    assert seen == ["made a", "got a", "made b", "got b", "made c", "got c"]  # never more than a pass waits
+    # a straddles the first two passes, b the second and third: both come back once the third has run,
+    # before c is made; the last pass takes what is left
+    assert seen == [
+        "made a", "pass of 2", "made b", "pass of 2", "pass of 2", "got a", "got b", "made c", "pass of 2", "pass of 1",
+        "got c",
+    ]  # fmt: skip
 
 
-def test_an_empty_chunk_and_a_bad_pass_size_are_refused() -> None:
+def test_chunks_of_another_row_shape_or_dtype_start_a_new_pass() -> None:
+    passes: list[tuple[tuple[int, ...], torch.dtype]] = []
+
+    def run(x: Tensor) -> Tensor:
+        passes.append((tuple(x.shape), x.dtype))
+        return x.flatten(1).sum(1, keepdim=True)
+
+    chunks = [("a", torch.ones(2, 3)), ("b", torch.ones(2, 4)), ("c", torch.ones(2, 4, dtype=torch.float64))]
+    got = {tag: out.flatten().tolist() for tag, _, out in packed_passes(run, chunks, rows=8)}
+    assert got == {"a": [3.0, 3.0], "b": [4.0, 4.0], "c": [4.0, 4.0]}
+    assert passes == [((2, 3), torch.float32), ((2, 4), torch.float32), ((2, 4), torch.float64)]
+
+
+def test_bad_chunks_pass_sizes_and_outputs_are_refused() -> None:
     with pytest.raises(ValueError, match=r"^chunks: chunk 'b' has no rows"):
         list(packed_passes(lambda x: x, [("a", torch.ones(1)), ("b", torch.ones(0))], rows=4))
     with pytest.raises(ValueError, match="rows"):
-        list(packed_passes(lambda x: x, [("a", torch.ones(1))], rows=0))
+        packed_passes(lambda x: x, [("a", torch.ones(1))], rows=0)  # at the call, before any chunk is made
+    with pytest.raises(ValueError, match=r"^run: returned 1 rows for a pass of 2 inputs, expected one row per input"):
+        list(packed_passes(lambda x: x[:1], [("a", torch.ones(2, 1))], rows=2))
+    with pytest.raises(ValueError, match=r"^run: returned a scalar for a pass of 2 inputs"):
+        list(packed_passes(lambda x: x.sum(), [("a", torch.ones(2, 1))], rows=2))
