@@ -64,8 +64,9 @@ DEFAULT_BUDGET = 0.15
 
 The five callbacks that spend then add three quarters of a validation epoch's passes together, and the
 work around them (transformations, hooks) fits in the last quarter: a later epoch with all six costs
-1.8x a plain one on ResNet-18 with 10,000 validation inputs, 2.1x at 0.2 each (``benchmarks/callback_cost.py``;
-the first measurement adds one-off work: 2.3x).
+1.8x a plain one on ResNet-18 with 10,000 validation inputs, 2.1x at 0.2 each; with 1,000, where the
+smallest sets cost more and are spaced out, 2.0x on average (``benchmarks/callback_cost.py``; the
+first measurement adds one-off work).
 """
 
 
