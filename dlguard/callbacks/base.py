@@ -677,7 +677,9 @@ class ProbeCallback(Callback, ABC):
         if self._draw is not None:
             draw, self._draw = self._draw, None
             allowed_before, size_before = self._allowed.get(stage), self._drawn_size.get(stage)
-            probe = self._finish(draw, stage)
+            with warnings.catch_warnings(record=True) as said:  # the draw's notes hold for a set measured on
+                warnings.simplefilter("always")
+                probe = self._finish(draw, stage)
             reason = self._not_measurable(probe, draw.policy)
             if reason is not None and trainer.state.fn != "fit":  # asked for numbers now: measure, but say so
                 rank_zero_warn(
@@ -685,6 +687,9 @@ class ProbeCallback(Callback, ABC):
                     f"{reason}"
                 )
                 reason = None
+            for note in said:  # a refused set's shortfall is not news: the refusal says why, with the counts
+                if reason is None or not str(note.message).startswith("probe set:"):
+                    warnings.warn_explicit(note.message, note.category, note.filename, note.lineno)
             if reason is None:
                 self._probes[stage] = probe
                 self._drawn_epoch[stage] = trainer.current_epoch

@@ -85,6 +85,19 @@ def test_a_collapsed_model_is_not_measured_until_it_has_learnt(tmp_path: Path) -
     )
 
 
+def test_a_refused_draw_does_not_announce_what_it_would_have_measured_on(tmp_path: Path) -> None:
+    dscore = DScoreCallback(n=2, budget=None, probe_size=500)  # more than the 200 inputs the loader gives
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        fit(tmp_path, [dscore], LearnsAtEpoch(learns_at=1))
+    messages = [str(w.message) for w in said]
+    shortfall = [m for m in messages if m.startswith("probe set: probe_size=500 requested")]
+    # epoch 0's draw is refused (a collapsed model): only epoch 1's, measured on, says it measures on 200
+    assert any("no probe set at epoch 0" in m for m in messages)
+    assert shortfall == ["probe set: probe_size=500 requested but validation loader 0 gave 200 distinct inputs; "
+                         "measuring on 200"]  # fmt: skip
+
+
 def test_without_an_accuracy_threshold_a_one_class_balanced_set_is_still_refused(tmp_path: Path) -> None:
     robustness = RobustnessCallback(budget=None, per_class=4, pairs=20, min_accuracy=None)
     with pytest.warns(UserWarning, match=r"classes \{1: '0 of 2', 2: '0 of 2'"):
