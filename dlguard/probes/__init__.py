@@ -9,6 +9,7 @@ from dlguard.probes.intervene import intervene
 from dlguard.probes.layers import LayerSpec, resolve_layers, select_layers
 from dlguard.probes.loop_outputs import LoopOutputs
 from dlguard.probes.neurons import NEURON_LAYER_TYPES, neuron_layers, neuron_output, profile_neuron_ranges
+from dlguard.probes.packing import packed_passes
 from dlguard.probes.region_deletion import deletion_mutant_logits, region_keep_masks
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "model_device",
     "neuron_layers",
     "neuron_output",
+    "packed_passes",
     "profile_neuron_ranges",
     "region_keep_masks",
     "resolve_layers",
