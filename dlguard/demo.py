@@ -77,10 +77,11 @@ def demo_callbacks(config: DemoConfig) -> list[Callback]:
     """Every callback the demo trains with, assembled in this one place.
 
     The four that find failures (robustness, metamorphic relations, HDA, object relevancy) deposit
-    them in one bank, and :class:`~dlguard.callbacks.FailureReplay` mixes them into a quarter of every
-    training batch; D-Score drives score-guided padding. The probe sizes are the demo's own, kept whole
-    (``budget=None``): on the 1,000 validation digits the default budget (0.15 of a validation
-    epoch per callback) would cut them to the smallest sets; each record says what it spent.
+    them in one bank, and :class:`~dlguard.callbacks.FailureReplay` replays each stored failure about once
+    an epoch (at most a quarter of a training batch); D-Score drives score-guided padding. The probe
+    sizes are the demo's own, kept whole (``budget=None``): on the 1,000 validation digits the default
+    budget (0.15 of a validation epoch per callback) would cut them to the smallest sets; each record
+    says what it spent.
     """
     replay = FailureReplay(fraction=0.25, seed=config.seed)
     bank, options = replay.bank, {"seed": config.seed, "budget": None}

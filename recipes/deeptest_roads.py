@@ -199,7 +199,7 @@ def retraining_study(
         callbacks: list[L.Callback] = []
         callback = None
         if name == "metamorphic":
-            replay = FailureReplay(fraction=0.25)
+            replay = FailureReplay(fraction=0.25, repeats=None)  # a quarter of every batch, as in its figures
             callback = MetamorphicCallback(
                 properties=weather, task="regression", lam=1.0, probe_size=probe, bank=replay.bank
             )

@@ -173,7 +173,7 @@ def accuracy(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor)
 
 
 def inside_fit(distribution: GlobalDistribution, epochs: int, seeds: int, population: int, iterations: int) -> list:
-    replay = FailureReplay(fraction=0.25)
+    replay = FailureReplay(fraction=0.25, repeats=None)  # a quarter of every batch, as when its figures were made
     callback = HDACallback(  # the SPEC's GA (mutation, initial noise, no gradient start) at the recipe's sizes
         distribution=distribution, k=seeds, population=population, iterations=iterations, mutation_std=0.003,
         init_std=0.01, gradient_start=False, budget=None, bank=replay.bank,

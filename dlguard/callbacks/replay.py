@@ -17,16 +17,28 @@ __all__ = ["FailureReplay"]
 
 
 class FailureReplay(Callback):
-    """Replace a fraction of every training batch, in place, by failures from a :class:`~dlguard.data.FailureBank`.
+    """Substitute failures from a :class:`~dlguard.data.FailureBank` into training batches, in place.
 
     Callbacks that find failures deposit them in the bank (``RobustnessCallback(bank=...)``); this
     callback mixes them into training in ``on_train_batch_start``, so any LightningModule trains
     on them without code changes (Lightning has no callback hook after the batch transfer, and this
-    one receives the batch on the device). ``round(fraction · B)`` rows of each batch are chosen at
-    random and replaced by rows drawn uniformly from the bank, inputs and labels alike, through the
-    batch accessor: tuple, list or dict batches, or a callable. Nothing happens while the bank is
-    empty. Draws come from a generator of the callback's own (seeded, in the checkpoint), so the
-    global RNG that dropout and augmentations use is untouched; no host sync per batch.
+    one receives the batch on the device). Rows of each batch are chosen at random and replaced by
+    rows drawn uniformly from the bank, inputs and labels alike, through the batch accessor: tuple,
+    list or dict batches, or a callable. Nothing happens while the bank is empty. Draws come from a
+    generator of the callback's own (seeded, in the checkpoint), so the global RNG that dropout and
+    augmentations use is untouched; no host sync per batch.
+
+    **The dose.** A failure is one more training input, not one to learn by heart: each stored failure
+    is replayed ``repeats`` times per training epoch on average (once by default, as often as any
+    other input), spread evenly over the epoch's batches -- ``repeats · len(bank) / batches`` rows per
+    batch, the fractions carried from batch to batch -- and never more than ``round(fraction · B)``
+    rows of a batch of ``B``. A bank of 120 failures and an epoch of 55 batches of 64 replace 2 or 3
+    rows per batch; replacing a quarter of every batch instead would show each of them 7 times an
+    epoch, and each of a bank of two HDA examples 440 times. ``repeats=None`` replaces ``round(fraction · B)``
+    rows of every batch whatever the bank holds, as does a call without a trainer (whose epoch length
+    is unknown). Feedback starts in the epoch after the first measurement that deposits failures:
+    a callback measures at the end of a validation epoch, once the model classifies its probe set
+    (``min_accuracy``).
 
     The bank is part of this callback's checkpoint state. Under DDP each process keeps and replays
     the failures found on its own shard; a checkpoint holds rank zero's bank and generator, and after
@@ -34,7 +46,8 @@ class FailureReplay(Callback):
 
     Args:
         bank: the bank to replay from (a new one when ``None``: pass ``replay.bank`` to producers).
-        fraction: share of each batch replaced, in ``[0, 1]``.
+        fraction: the most of a batch replaced, in ``[0, 1]`` (with ``repeats=None``: the share of every batch).
+        repeats: replays of each stored failure per training epoch, on average (``> 0``), or ``None``.
         batch_keys: ``(inputs key, target key)`` or a callable ``batch -> (inputs, target)``.
         seed: seed of the draws (each process adds its rank).
 
@@ -52,6 +65,7 @@ class FailureReplay(Callback):
         self,
         bank: FailureBank | None = None,
         fraction: float = 0.25,
+        repeats: float | None = 1.0,
         batch_keys: BatchKeys = (0, 1),
         seed: int = 0,
     ) -> None:
@@ -59,6 +73,12 @@ class FailureReplay(Callback):
             raise ValueError(f"bank: expected a FailureBank or None, got {type(bank).__name__}")
         self.bank = bank if bank is not None else FailureBank()
         self.fraction = probability("fraction", fraction)
+        if repeats is not None and (isinstance(repeats, bool) or not isinstance(repeats, int | float) or repeats <= 0):
+            raise ValueError(
+                f"repeats: expected a positive number of replays per failure and epoch, or None, got {repeats!r}"
+            )
+        self.repeats = None if repeats is None else float(repeats)
+        self._owed = 0.0  # rows the dose owes, carried from batch to batch
         self.batch_keys, self.seed = batch_keys, seed
         self.accessor = BatchAccessor(batch_keys)
         self.replayed = 0
@@ -79,8 +99,10 @@ class FailureReplay(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         inputs, _ = self.accessor.read(batch)  # an unreadable batch fails at once, naming batch_keys
-        count = round(self.fraction * len(inputs))
-        if not len(self.bank) or count == 0:
+        if not len(self.bank):
+            return
+        count = self._count(trainer, len(inputs))
+        if count == 0:
             return
         if self._checked_version != self.bank.version:  # once per change of the bank, not per batch
             if self.bank.sample_shape != tuple(inputs.shape[1:]):
@@ -97,17 +119,29 @@ class FailureReplay(Callback):
             self.accessor.write_rows(batch, rows, stored, labels)
         self.replayed += count
 
+    def _count(self, trainer: L.Trainer | None, batch_size: int) -> int:
+        """Rows of this batch to replace: the dose's share, carried over, within ``fraction`` of the batch."""
+        most = round(self.fraction * batch_size)
+        batches = getattr(trainer, "num_training_batches", None)
+        if self.repeats is None or not isinstance(batches, int | float) or not 0 < batches < float("inf"):
+            return most
+        self._owed += self.repeats * len(self.bank) / batches
+        count = min(most, int(self._owed))
+        self._owed = min(self._owed - count, 1.0)  # what the cap held back is not made up later
+        return count
+
     @property
     def state_key(self) -> str:
         return self._generate_state_key(fraction=self.fraction)
 
     def state_dict(self) -> dict[str, Any]:
         generator = None if self._generator is None else self._generator.get_state()
-        return {"bank": self.bank.state_dict(), "generator": generator, "replayed": self.replayed}
+        return {"bank": self.bank.state_dict(), "generator": generator, "replayed": self.replayed, "owed": self._owed}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         self.bank.load_state_dict(state_dict.get("bank", {}))
         self.replayed = int(state_dict.get("replayed", 0))
+        self._owed = float(state_dict.get("owed", 0.0))
         if state_dict.get("generator") is not None:
             self._generator = torch.Generator()
             self._generator.set_state(state_dict["generator"])

@@ -81,10 +81,11 @@ def test_labels_and_inputs_are_checked_after_each_new_proposal() -> None:
         aug(images, torch.zeros(3, dtype=torch.long))
 
 
-def test_each_property_is_applied_as_often_as_the_proposal_says() -> None:
-    proposal = torch.tensor([[0.2, 0.7], [0.9, 0.0], [0.0, 0.4]])
-    aug = ErrorGuidedAugmentation(properties=_counting_properties())
-    aug.set_proposal(proposal)
+@pytest.mark.parametrize("strength", [1.0, 0.5])
+def test_each_property_is_applied_as_often_as_the_proposal_says(strength: float) -> None:
+    aug = ErrorGuidedAugmentation(properties=_counting_properties(), strength=strength)
+    aug.set_proposal([[0.2, 0.7], [0.9, 0.0], [0.0, 0.4]])
+    proposal = strength * torch.tensor([[0.2, 0.7], [0.9, 0.0], [0.0, 0.4]])  # what is applied
     per_class = 4000
     labels = torch.arange(3).repeat_interleave(per_class)
     torch.manual_seed(0)
@@ -121,9 +122,9 @@ def test_no_proposal_leaves_images_unchanged_and_proposal_follows_the_module() -
 
 
 def test_state_dict_round_trip_into_a_fresh_module() -> None:
-    aug = ErrorGuidedAugmentation(properties=_counting_properties())
+    aug = ErrorGuidedAugmentation(properties=_counting_properties(), strength=1.0)
     aug.set_proposal([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]])
-    fresh = ErrorGuidedAugmentation(properties=_counting_properties())
+    fresh = ErrorGuidedAugmentation(properties=_counting_properties(), strength=1.0)
     fresh.load_state_dict(aug.state_dict())
     torch.testing.assert_close(fresh.proposal, aug.proposal)
     out = fresh(torch.zeros(2, 1), torch.tensor([0, 1])).flatten()
@@ -146,6 +147,8 @@ def test_pickles_and_still_works() -> None:
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="properties: expected at least one Property"):
         ErrorGuidedAugmentation(properties=[])
+    with pytest.raises(ValueError, match="strength"):
+        ErrorGuidedAugmentation(strength=1.5)
     aug = ErrorGuidedAugmentation()
     with pytest.raises(ValueError, match=r"proposal: expected \(classes, 3\)"):
         aug.set_proposal([[0.5, 0.5]])

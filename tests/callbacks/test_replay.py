@@ -131,6 +131,9 @@ def test_argument_validation() -> None:
         FailureReplay(bank={"a": 1})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="batch_keys"):
         FailureReplay(batch_keys=(0,))  # type: ignore[arg-type]
+    for repeats in (0, -1.0, True, "1"):
+        with pytest.raises(ValueError, match="repeats"):
+            FailureReplay(repeats=repeats)  # type: ignore[arg-type]
 
 
 def run_batches(replay: FailureReplay, steps: int) -> list[torch.Tensor]:
@@ -207,7 +210,7 @@ def fit(tmp_path: Path, callbacks: list[L.Callback]) -> Recording:
 
 
 def test_training_steps_see_the_replayed_rows(tmp_path: Path) -> None:
-    replay = FailureReplay(bank_of([150, 151, 152]), fraction=0.25)
+    replay = FailureReplay(bank_of([150, 151, 152]), fraction=0.25, repeats=None)
     plain = fit(tmp_path / "plain", [])
     replayed = fit(tmp_path / "replay", [replay])
     assert len(replayed.labels) == 4 and replay.replayed == 8
@@ -216,3 +219,72 @@ def test_training_steps_see_the_replayed_rows(tmp_path: Path) -> None:
         assert int(from_bank.sum()) == 2
         assert torch.equal(seen[~from_bank], original[~from_bank])  # same shuffled batches otherwise
     assert replayed.draws == plain.draws  # the global RNG goes on as without replay
+
+
+class EpochOf:
+    """What the dose reads of a trainer: the number of training batches in an epoch."""
+
+    def __init__(self, batches: float) -> None:
+        self.num_training_batches = batches
+
+
+@pytest.mark.parametrize(
+    "stored, batches, repeats, fraction, per_batch",
+    [
+        # 12 failures, 4 batches: 3 rows each; twice: 6; a quarter of 8 rows caps at 2
+        (12, 4, 1.0, 1.0, [3, 3, 3, 3]),
+        (12, 4, 2.0, 1.0, [6, 6, 6, 6]),
+        (12, 4, 1.0, 0.25, [2, 2, 2, 2]),
+        # 3 failures over 4 batches: 0.75 a batch, the fractions carried -> 0, 1, 1, 1
+        (3, 4, 1.0, 1.0, [0, 1, 1, 1]),
+        # 2 failures over 5 batches, half a replay each: 0.2 a batch -> one row in the fifth
+        (2, 5, 0.5, 1.0, [0, 0, 0, 0, 1]),
+    ],
+)
+def test_each_failure_is_replayed_repeats_times_an_epoch(
+    stored: int, batches: int, repeats: float, fraction: float, per_batch: list[int]
+) -> None:
+    replay = FailureReplay(bank_of(list(range(100, 100 + stored))), fraction=fraction, repeats=repeats)
+    seen = []
+    for step in range(batches):
+        batch = batch_of(8)
+        replay.on_train_batch_start(EpochOf(batches), None, batch, step)
+        seen.append(len(replaced_rows(*batch)))
+    assert seen == per_batch and replay.replayed == sum(per_batch)
+
+
+def test_the_dose_follows_the_bank_and_an_epoch_of_unknown_length_replays_the_fraction() -> None:
+    bank = bank_of([100, 101])
+    replay = FailureReplay(bank, fraction=0.5)
+    counts = []
+    for step in range(8):
+        if step == 4:  # a measurement deposits six more: 8 failures over 4 batches, 2 a batch
+            bank.add(torch.full((6, *SHAPE), 106.0), torch.full((6,), 106), origin="hda")
+        batch = batch_of(8)
+        replay.on_train_batch_start(EpochOf(4), None, batch, step)
+        counts.append(len(replaced_rows(*batch)))
+    assert counts == [0, 1, 0, 1, 2, 2, 2, 2]
+    batch = batch_of(8)
+    replay.on_train_batch_start(EpochOf(float("inf")), None, batch, 0)  # an iterable dataset: no epoch length
+    assert len(replaced_rows(*batch)) == 4
+
+
+def test_the_dose_s_carry_is_checkpointed() -> None:
+    original = FailureReplay(bank_of([100, 101, 102]), fraction=1.0, seed=3)
+    for step in range(2):  # 0.75 a batch over 4 batches: 0, then 1 with 0.5 carried
+        original.on_train_batch_start(EpochOf(4), None, batch_of(8), step)
+    restored = FailureReplay(FailureBank(), fraction=1.0, seed=3)
+    restored.load_state_dict(original.state_dict())
+    counts = []
+    for replay in (original, restored):
+        batch = batch_of(8)
+        replay.on_train_batch_start(EpochOf(4), None, batch, 2)
+        counts.append(len(replaced_rows(*batch)))
+    assert counts == [1, 1] and restored.replayed == original.replayed == 2
+
+
+def test_training_replays_each_failure_once_an_epoch_by_default(tmp_path: Path) -> None:
+    replay = FailureReplay(bank_of([150, 151, 152, 153, 154, 155, 156, 157]))  # 8 failures, 4 batches of 8
+    replayed = fit(tmp_path / "replay", [replay])
+    assert [int((seen >= 150).sum()) for seen in replayed.labels] == [2, 2, 2, 2]
+    assert replay.replayed == 8

@@ -108,7 +108,7 @@ def test_sweeping_leaves_training_untouched(tmp_path: Path) -> None:
 
 
 def test_guide_replaces_training_images_in_place() -> None:
-    guide = ErrorGuidedAugmentation([Property("bright", brightness_scale, (2.0,))])
+    guide = ErrorGuidedAugmentation([Property("bright", brightness_scale, (2.0,))], strength=1.0)
     callback = RobustnessCallback(properties=guide.properties, guide=guide)
     images = torch.full((4, 1, 2, 2), 0.25)
     batch = [images, torch.tensor([0, 1, 0, 1])]
