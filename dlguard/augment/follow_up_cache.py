@@ -20,7 +20,7 @@ from dlguard.augment.functional._object_inputs import (
     check_object_masks,
     worker_count,
 )
-from dlguard.augment.functional.object_mutations import follow_up_images
+from dlguard.augment.functional.object_mutations import check_removal, follow_up_images
 
 __all__ = ["FollowUpCache"]
 
@@ -34,8 +34,8 @@ class FollowUpCache:
     """Follow-ups generated once per source image and kept: in memory, and on disk when given a directory.
 
     Entries are keyed by an integer per image (e.g. :func:`~dlguard._random.content_keys` of the probe set)
-    together with a hash of the backgrounds, so changing the backgrounds regenerates everything. With a
-    ``directory`` each image's follow-ups are also one file ``<key>_<backgrounds hash>.pt`` (written
+    together with a hash of the backgrounds and the removal region, so changing either regenerates everything.
+    With a ``directory`` each image's follow-ups are also one file ``<key>_<backgrounds hash>-<removal>.pt`` (written
     atomically, so processes may share the directory), read back by later caches.
 
     Attributes:
@@ -89,7 +89,13 @@ class FollowUpCache:
         os.replace(partial, path)
 
     def get_or_make(
-        self, keys: Tensor, images: Tensor, masks: Tensor, backgrounds: Tensor, workers: int | None = None
+        self,
+        keys: Tensor,
+        images: Tensor,
+        masks: Tensor,
+        backgrounds: Tensor,
+        workers: int | None = None,
+        removal: str = "box",
     ) -> FollowUps:
         """The follow-ups of ``images`` in the order of ``keys``, generating only those not held yet.
 
@@ -99,6 +105,7 @@ class FollowUpCache:
             masks: ``(B, H, W)`` bool object masks.
             backgrounds: ``(N, 3 or C, H, W)`` backgrounds.
             workers: threads for the images that need generating (see :func:`~dlguard.augment.object_follow_ups`).
+            removal: the region the removing operations replace (``"box"`` or ``"mask"``); part of the key.
 
         Returns:
             :class:`FollowUps` on ``images``' device.
@@ -111,7 +118,8 @@ class FollowUpCache:
         masks = check_object_masks("masks", masks, images)
         backgrounds = check_backgrounds(backgrounds, images)
         workers = worker_count(workers, len(images))
-        digest = _backgrounds_hash(backgrounds)
+        check_removal(removal)
+        digest = f"{_backgrounds_hash(backgrounds)}-{removal}"
         function, preserving, names = follow_up_layout(len(backgrounds))
         shape = (len(names), *images.shape[1:])
         wanted = [int(k) for k in keys.tolist()]
@@ -129,7 +137,9 @@ class FollowUpCache:
         if missing:
             rows = torch.tensor(list(missing.values()), dtype=torch.long)
             # made and kept on the CPU; follow_up_images checks the rows again (a trifle next to OpenCV)
-            inputs, valid = follow_up_images(images.cpu()[rows], masks.cpu()[rows], backgrounds.cpu(), workers=workers)
+            inputs, valid = follow_up_images(
+                images.cpu()[rows], masks.cpu()[rows], backgrounds.cpu(), removal=removal, workers=workers
+            )
             self.generated += len(rows)
             for i, key in enumerate(missing):
                 self._entries[key, digest] = (inputs[i], valid[i])

@@ -121,7 +121,9 @@ def follow_up_layout(n_backgrounds: int) -> tuple[Tensor, Tensor, list[str]]:
     return torch.tensor(function, dtype=torch.long), torch.tensor(preserving, dtype=torch.bool), names
 
 
-def object_follow_ups(images: Tensor, masks: Tensor, backgrounds: Tensor, *, workers: int | None = None) -> FollowUps:
+def object_follow_ups(
+    images: Tensor, masks: Tensor, backgrounds: Tensor, *, removal: str = "box", workers: int | None = None
+) -> FollowUps:
     """All follow-ups of SPEC §3 for each image: ``F = 2·N + 14`` with ``N`` backgrounds.
 
     The pixels are those of :func:`~dlguard.augment.functional.follow_up_images`; the follow-ups are named by
@@ -132,6 +134,8 @@ def object_follow_ups(images: Tensor, masks: Tensor, backgrounds: Tensor, *, wor
         masks: ``(B, H, W)`` bool, ``True`` on each image's object; none may be empty.
         backgrounds: ``(N, 3 or C, H, W)`` backgrounds, as :func:`~dlguard.augment.functional.follow_up_images`
             takes them.
+        removal: the region the object-removing operations replace: ``"box"`` (the object's bounding box,
+            default) or ``"mask"`` (its pixels), as in :func:`~dlguard.augment.functional.follow_up_images`.
         workers: threads generating images in parallel, as in
             :func:`~dlguard.augment.functional.follow_up_images` (the result does not depend on it).
 
@@ -139,7 +143,7 @@ def object_follow_ups(images: Tensor, masks: Tensor, backgrounds: Tensor, *, wor
         :class:`FollowUps` on ``images``' device.
 
     Raises:
-        ValueError: before any work, naming ``images``, ``masks``, ``backgrounds`` or ``workers``.
+        ValueError: before any work, naming ``images``, ``masks``, ``backgrounds``, ``removal`` or ``workers``.
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -154,7 +158,7 @@ def object_follow_ups(images: Tensor, masks: Tensor, backgrounds: Tensor, *, wor
         >>> red.tolist(), bool(follow_ups.valid.all())
         ([1.0, 0.0, 0.0], True)
     """
-    inputs, valid = follow_up_images(images, masks, backgrounds, workers=workers)
+    inputs, valid = follow_up_images(images, masks, backgrounds, removal=removal, workers=workers)
     function, preserving, names = follow_up_layout(len(backgrounds))
     device = inputs.device
     return FollowUps(inputs, function.to(device), preserving.to(device), names, valid)

@@ -14,6 +14,7 @@ from torch import Tensor
 from dlguard._random import content_keys
 from dlguard._validation import check_values, optional_positive_int, positive_int, probability
 from dlguard.augment.follow_up_cache import FollowUpCache
+from dlguard.augment.functional.object_mutations import check_removal, move_objects
 from dlguard.callbacks.base import ProbeCallback, ProbeOptions
 from dlguard.data.backgrounds import scene_backgrounds
 from dlguard.data.failure_bank import FailureBank
@@ -44,9 +45,13 @@ class ObjectRelevancyCallback(ProbeCallback):
     (:func:`~dlguard.generate.object_relevancy_test`, each inference scored once) and reports, through
     :class:`~dlguard.metrics.ObjectRelevancy`, the mean object relevancy ``S = (S⁺ + S⁻)/2`` and the
     share of *unreliable* inferences: correct, with ``p ≥ p_high``, yet ``S < s_low``. With a
-    ``bank``, the background-swapped follow-ups of the unreliable inferences go into it with their
-    labels: with :class:`~dlguard.callbacks.FailureReplay` on the same bank, training sees those
-    objects on other backgrounds and learns the object.
+    ``bank``, the unreliable inferences' objects go into it with their labels, each moved onto
+    ``fresh_backgrounds`` backgrounds of its own, drawn anew at every measurement
+    (:func:`~dlguard.augment.functional.move_objects` onto :func:`~dlguard.data.scene_backgrounds` of
+    random kinds): with :class:`~dlguard.callbacks.FailureReplay` on the same bank, training sees
+    those objects on backgrounds like any other, whose kind says nothing of the label, and learns
+    the object. (The follow-ups' own backgrounds are a few fixed images: a model replayed the objects
+    on them learns to recognise those images; ``fresh_backgrounds=0`` deposits them all the same.)
 
     See :class:`~dlguard.callbacks.ProbeCallback` for the schedule and the arguments every dlguard
     callback takes. The numbers reduce across processes (N processes report what one process
@@ -65,11 +70,17 @@ class ObjectRelevancyCallback(ProbeCallback):
             callable ``images -> masks``.
         backgrounds: ``(N, 3 or C, H, W)`` backgrounds in ``[0, 1]`` for the preserving mutations; by
             default four of :func:`~dlguard.data.scene_backgrounds` of the inputs' size.
+        removal: the region the object-removing mutations replace: ``"box"`` (default), the object's
+            bounding box, so no silhouette of a shape-defined object is left to read; ``"mask"``, the
+            object's pixels, as the paper does for segmentations of photographed objects
+            (:func:`~dlguard.augment.functional.follow_up_images`).
         probe_size: inputs in the probe set (over all processes).
         p_high: confidence from which a correct inference can be unreliable.
         s_low: object relevancy below which a confident correct inference is unreliable.
-        bank: a :class:`~dlguard.data.FailureBank` receiving unreliable inferences' background-swapped
-            follow-ups, or ``None``.
+        bank: a :class:`~dlguard.data.FailureBank` receiving unreliable inferences' objects on other
+            backgrounds, or ``None``.
+        fresh_backgrounds: backgrounds drawn anew per measurement for the deposits (``0``: the
+            follow-ups' own background swaps).
         cache_dir: a folder to keep follow-ups in across runs, or ``None`` (memory only).
         workers: threads generating follow-ups (``None``: one per CPU core).
         gallery: inferences shown in the gallery.
@@ -95,10 +106,12 @@ class ObjectRelevancyCallback(ProbeCallback):
         *,
         masks: MaskSource = 2,
         backgrounds: Tensor | None = None,
+        removal: str = "box",
         probe_size: int = 256,
         p_high: float = 0.9,
         s_low: float = 0.5,
         bank: FailureBank | None = None,
+        fresh_backgrounds: int = 10,
         cache_dir: str | Path | None = None,
         workers: int | None = None,
         gallery: int = 8,
@@ -114,15 +127,18 @@ class ObjectRelevancyCallback(ProbeCallback):
             if not backgrounds.is_floating_point() or not len(backgrounds):
                 raise ValueError(f"backgrounds: expected at least one float image, got {backgrounds.dtype}")
             check_values("backgrounds", backgrounds)
+        check_removal(removal)
         self.p_high, self.s_low = probability("p_high", p_high), probability("s_low", s_low)
         positive_int("probe_size", probe_size)
         positive_int("gallery", gallery, minimum=0)
+        positive_int("fresh_backgrounds", fresh_backgrounds, minimum=0)
         optional_positive_int("max_batch", max_batch)
         optional_positive_int("workers", workers)
         self._check_bank(bank)
         super().__init__(**options)
-        self.masks, self.backgrounds, self.probe_size = masks, backgrounds, probe_size
+        self.masks, self.backgrounds, self.probe_size, self.removal = masks, backgrounds, probe_size, removal
         self.bank, self.workers, self.gallery, self.max_batch = bank, workers, gallery, max_batch
+        self.fresh_backgrounds = fresh_backgrounds
         self.cache = FollowUpCache(cache_dir)
         """The follow-ups generated so far, by input content (reused by every measurement)."""
         self.last_run: ObjectRelevancyRun | None = None
@@ -220,6 +236,22 @@ class ObjectRelevancyCallback(ProbeCallback):
             self.backgrounds = images[..., :height, :width].contiguous()
         return self.backgrounds
 
+    def _failures(self, trainer: L.Trainer, run: ObjectRelevancyRun, masks: Tensor | None) -> tuple[Tensor, Tensor]:
+        """The unreliable inferences' objects, each on backgrounds of its own drawn for this measurement."""
+        if not self.fresh_backgrounds or masks is None:
+            return run.failures.inputs, run.failures.labels
+        flagged = run.flagged.cpu()
+        images, labels = run.inputs.cpu()[flagged], run.target.cpu()[flagged]
+        if not len(images):
+            return images, labels
+        height, width = images.shape[-2:]
+        seed = self.seed + 7919 * (trainer.current_epoch + 1)  # new at every measurement, alike on every rank
+        count = len(images) * self.fresh_backgrounds
+        backgrounds, _ = scene_backgrounds(count, max(height, width), seed=seed)
+        backgrounds = backgrounds[..., :height, :width].reshape(len(images), self.fresh_backgrounds, 3, height, width)
+        moved = move_objects(images, masks[flagged], backgrounds, workers=self.workers)
+        return moved.flatten(0, 1), labels[:, None].expand(moved.shape[:2]).flatten()
+
     # ---- one measurement ---------------------------------------------------------------------
 
     def _measure(
@@ -238,7 +270,7 @@ class ObjectRelevancyCallback(ProbeCallback):
         backgrounds = self._backgrounds_for(inputs)
         follow_ups = None
         if masks is not None:
-            follow_ups = self.cache.get_or_make(keys, inputs, masks, backgrounds, self.workers)
+            follow_ups = self.cache.get_or_make(keys, inputs, masks, backgrounds, self.workers, removal=self.removal)
         metric = ObjectRelevancy(p_high=self.p_high, s_low=self.s_low).to(self.adapter.device)
         run = None
         if follow_ups is not None:  # an empty shard adds nothing
@@ -256,7 +288,7 @@ class ObjectRelevancyCallback(ProbeCallback):
             "relevancy/unreliable_rate": float(result["unreliable_rate"]),
         }
         if self.bank is not None and stage == "validation" and run is not None:
-            self.bank.add(*run.failures, origin="relevancy")
+            self.bank.add(*self._failures(trainer, run, masks), origin="relevancy")
         self._gallery = self._gallery_of(run) if run is not None else None
         record = {
             "unreliable": int(result["unreliable"]),

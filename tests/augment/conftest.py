@@ -10,7 +10,7 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dlguard.augment import FollowUps
-from tests.augment.objects import textured_objects
+from tests.augment.objects import box_of, textured_objects
 
 # what .item(), bool(t), int(t), t.tolist() (on a device), torch.equal, nonzero, unique and masked selection dispatch to
 _READS = {
@@ -62,3 +62,11 @@ def host_syncs() -> type[HostSyncRecorder]:
 def textured() -> tuple[Tensor, Tensor, Tensor, FollowUps]:
     """Images with round objects, backgrounds and the follow-ups (:func:`~tests.augment.objects.textured_objects`)."""
     return textured_objects()
+
+
+@pytest.fixture(scope="module", params=["box", "mask"])
+def removed(request: pytest.FixtureRequest) -> tuple[Tensor, Tensor, Tensor, FollowUps]:
+    """``textured``'s images and follow-ups with each removal region, and the regions ``(B, H, W)`` removed."""
+    images, masks, _, follow_ups = textured_objects(request.param)
+    regions = torch.stack([box_of(mask) for mask in masks]) if request.param == "box" else masks
+    return images, masks, regions, follow_ups

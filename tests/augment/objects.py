@@ -31,6 +31,14 @@ def shrink(mask: Tensor) -> Tensor:
     return ~grow(~mask)
 
 
+def box_of(mask: Tensor) -> Tensor:
+    """The tight bounding box of a ``(H, W)`` mask, as a mask."""
+    rows, cols = mask.nonzero().unbind(1)
+    box = torch.zeros_like(mask)
+    box[int(rows.min()) : int(rows.max()) + 1, int(cols.min()) : int(cols.max()) + 1] = True
+    return box
+
+
 def median3(image: Tensor) -> Tensor:
     """3×3 median of a (C, H, W) image, edges replicated (what ``cv2.medianBlur`` does)."""
     padded = F.pad(image[None], (1, 1, 1, 1), mode="replicate")[0]
@@ -51,13 +59,13 @@ def index(follow_ups: FollowUps, name: str) -> int:
     return follow_ups.operation.index(name)
 
 
-def textured_objects() -> tuple[Tensor, Tensor, Tensor, FollowUps]:
+def textured_objects(removal: str = "box") -> tuple[Tensor, Tensor, Tensor, FollowUps]:
     """Three random images with round objects (one a ring), four random backgrounds, and the follow-ups."""
     g = torch.Generator().manual_seed(1)
     images = torch.rand(3, 3, SIZE, SIZE, generator=g)
     masks = torch.stack([disk(12, 12, 25), disk(8, 15, 12), disk(14, 9, 40) & ~disk(14, 9, 6)])
     backgrounds = torch.rand(4, 3, SIZE, SIZE, generator=g)
-    return images, masks, backgrounds, object_follow_ups(images, masks, backgrounds, workers=1)
+    return images, masks, backgrounds, object_follow_ups(images, masks, backgrounds, removal=removal, workers=1)
 
 
 BAD_INPUTS = [

@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from dlguard._random import content_keys
 from dlguard.augment import object_follow_ups
 from dlguard.callbacks import FailureReplay, ObjectRelevancyCallback
-from dlguard.data import MNISTDataModule, SceneDataModule
+from dlguard.data import MNISTDataModule, SceneDataModule, scene_backgrounds
 from dlguard.generate import object_relevancy_test
 from dlguard.metrics.functional import unreliable
 from dlguard.zoo import ClassifierModule, mnist_a, pretrained
@@ -43,10 +43,11 @@ def logged_of(trainer: L.Trainer) -> dict[str, float]:
     return {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("relevancy/")}
 
 
-def test_a_measurement_equals_a_direct_run_and_feeds_the_bank(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fresh", [10, 0])
+def test_a_measurement_equals_a_direct_run_and_feeds_the_bank(tmp_path: Path, fresh: int) -> None:
     replay = FailureReplay(fraction=0.25)
     callback = ObjectRelevancyCallback(
-        masks=digit_masks, budget=None, probe_size=40, bank=replay.bank, p_high=0.8, workers=1
+        masks=digit_masks, budget=None, probe_size=40, bank=replay.bank, p_high=0.8, workers=1, fresh_backgrounds=fresh
     )
     trainer = quick_trainer(tmp_path, [callback, replay], val_batches=2)
     module = ClassifierModule(pretrained("mnist_a"))
@@ -68,11 +69,22 @@ def test_a_measurement_equals_a_direct_run_and_feeds_the_bank(tmp_path: Path) ->
     rate = float(flagged.sum() / run.scores.correct.sum())
     assert logged["relevancy/unreliable_rate"] == pytest.approx(rate, abs=1e-6)
 
-    # the flagged inferences' background-swapped follow-ups, with their labels
+    # the flagged inferences' objects on backgrounds drawn for this measurement (epoch 0), with their labels
     stored, labels = replay.bank.inputs("relevancy"), replay.bank.labels("relevancy")
-    assert len(stored) == int(flagged.sum()) * 4
-    torch.testing.assert_close(stored, follow_ups.background_swapped()[flagged].flatten(0, 1))
-    assert torch.equal(labels, probe.target[flagged].repeat_interleave(4))
+    if fresh:  # each flagged input on ten backgrounds of its own, drawn for this measurement (epoch 0)
+        count = int(flagged.sum())
+        backgrounds = scene_backgrounds(count * fresh, 28, seed=0 + 7919 * 1)[0].view(count, fresh, 3, 28, 28)
+        sources, masks = probe.inputs[flagged], digit_masks(probe.inputs)[flagged]
+        expected = torch.stack(
+            [object_follow_ups(sources[i : i + 1], masks[i : i + 1], backgrounds[i]).background_swapped()[0]
+             for i in range(count)]
+        )  # fmt: skip
+    else:  # the follow-ups' own four background swaps
+        expected = follow_ups.background_swapped()[flagged]
+    per_input = fresh or 4
+    assert len(stored) == int(flagged.sum()) * per_input
+    torch.testing.assert_close(stored, expected.flatten(0, 1))
+    assert torch.equal(labels, probe.target[flagged].repeat_interleave(per_input))
     assert (tmp_path / "relevancy" / "relevancy_gallery.png").is_file()
     assert (tmp_path / "relevancy" / "relevancy_distribution.png").is_file()
     # the generator on the callback's probe set and the follow-ups made independently, fed to the same metric

@@ -10,7 +10,13 @@ OpenCV on the CPU, image by image in a thread pool; they always read values.
 
 from dlguard.augment.functional.blur import bilateral_blur, box_blur, gaussian_blur, median_blur
 from dlguard.augment.functional.geometric import rotation, scaling, shearing, translation
-from dlguard.augment.functional.object_mutations import FILL_COLORS, follow_up_images, transplant
+from dlguard.augment.functional.object_mutations import (
+    FILL_COLORS,
+    REMOVAL_REGIONS,
+    follow_up_images,
+    move_objects,
+    transplant,
+)
 from dlguard.augment.functional.padding import pad_resize, pad_resize_matrix
 from dlguard.augment.functional.photometric import brightness_scale, brightness_shift, contrast, gaussian_noise
 from dlguard.augment.functional.translate import pad_to_region, region_translations
@@ -33,6 +39,7 @@ __all__ = [
     "RAIN_DARKENING",
     "RAIN_DROPS",
     "RAIN_LENGTH",
+    "REMOVAL_REGIONS",
     "bilateral_blur",
     "box_blur",
     "brightness_scale",
@@ -43,6 +50,7 @@ __all__ = [
     "gaussian_blur",
     "gaussian_noise",
     "median_blur",
+    "move_objects",
     "pad_resize",
     "pad_resize_matrix",
     "pad_to_region",

@@ -11,13 +11,16 @@ mutation functions to it, giving ``F`` follow-ups in this order (the id is the f
  1    BlendObjectIntoBackground       preserving  one per background: ``cv2.seamlessClone`` of the object onto it
                                                   (Poisson blending; the clone mask is the mask grown by 4 px)
  2    GrayBackground                  preserving  ``gray``: everything outside the mask 0.5, seam median-blurred
- 3    FillObjectWithColor             removing    9 colours (black ... magenta): the mask filled, seam median-blurred
- 4    InpaintObject                   removing    ``ns``, ``telea``: ``cv2.inpaint`` over the mask dilated by one pixel
- 5    FillObjectWithMarginStatistic   removing    ``mean``, ``median`` of the pixels in the mask's box but not in it
-                                                  (per channel; invalid where there are none, e.g. a box mask)
+ 3    FillObjectWithColor             removing    9 colours (black ... magenta): the region filled, seam median-blurred
+ 4    InpaintObject                   removing    ``ns``, ``telea``: ``cv2.inpaint`` over the region grown by a pixel
+ 5    FillObjectWithMarginStatistic   removing    the region filled with the ``mean``, ``median`` of the pixels in the
+                                                  mask's box but not in it (per channel; invalid where there are none,
+                                                  e.g. a box mask)
 ====  ==============================  ==========  ==========================================================
 
 so ``F = 2·n_backgrounds + 1 + 9 + 2 + 2``; objects stay where they are (backgrounds have the images' size).
+The *region* the removing operations replace is the object's bounding box by default (``removal="box"``), so
+that no silhouette is left for a model to read; ``removal="mask"`` replaces the object's pixels only.
 The *seam* is the ring ``dilate(mask) ∧ ¬mask`` (3×3) just outside the object: only its pixels take the
 3×3 median (a thin stroke stays whole), the rest is exactly the composite. Mutations work in float
 ``H×W×C`` arrays and touch only the pixels they change, so every pixel a mutation leaves alone is the
@@ -49,7 +52,7 @@ from dlguard.augment.functional._object_inputs import (
     worker_count,
 )
 
-__all__ = ["FILL_COLORS", "follow_up_images", "transplant"]
+__all__ = ["FILL_COLORS", "REMOVAL_REGIONS", "check_removal", "follow_up_images", "move_objects", "transplant"]
 
 FILL_COLORS: dict[str, tuple[float, float, float]] = {
     "black": (0.0, 0.0, 0.0),
@@ -63,6 +66,9 @@ FILL_COLORS: dict[str, tuple[float, float, float]] = {
     "magenta": (1.0, 0.0, 1.0),
 }
 """``FillObjectWithColor``'s nine colours, RGB in ``[0, 1]``, in their follow-ups' order."""
+
+REMOVAL_REGIONS = ("box", "mask")
+"""Regions the object-removing operations may replace: the object's bounding box, or its mask."""
 
 _LUMA = (0.299, 0.587, 0.114)
 _KERNEL = np.ones((3, 3), np.uint8)
@@ -179,6 +185,16 @@ class _Object:
         return self.image[y1:y2, x1:x2][~self.mask[y1:y2, x1:x2]]
 
 
+def _removal_region(mask: np.ndarray, removal: str) -> np.ndarray:
+    """The pixels the object-removing operations replace: the object's mask, or its bounding box."""
+    if removal == "mask":
+        return mask
+    x1, y1, x2, y2 = _box(mask)
+    region = np.zeros_like(mask)
+    region[y1:y2, x1:x2] = True
+    return region
+
+
 def _mutate(
     image: np.ndarray,
     mask: np.ndarray,
@@ -186,35 +202,46 @@ def _mutate(
     targets: list[np.ndarray],
     out: np.ndarray,
     valid: np.ndarray,
+    removal: str,
 ) -> None:
     """Write one image's ``F`` follow-ups into ``out`` (``F×H×W×C``) and their validity into ``valid``.
 
-    ``targets`` are the backgrounds prepared for ``cv2.seamlessClone`` (:func:`_clone_target`).
+    ``targets`` are the backgrounds prepared for ``cv2.seamlessClone`` (:func:`_clone_target`); ``removal``
+    names the region the object-removing operations replace (:func:`_removal_region`).
     """
     obj = _Object(image, mask)
+    removed = obj if removal == "mask" else _Object(image, _removal_region(mask, removal))
     n = len(backgrounds)
     colors = np.array(list(FILL_COLORS.values()), np.float32)
     if obj.channels == 1:
         colors = colors @ np.array(_LUMA, np.float32)[:, None]
-    composites = np.empty((n + 10, *image.shape), np.float32)  # moved, gray background, colour fills
-    composites[:n], composites[n], composites[n + 1 :] = backgrounds, 0.5, image
-    composites[: n + 1, mask] = image[mask]
-    composites[n + 1 :, mask] = colors[:, None, :]
+    composites = np.empty((n + 1, *image.shape), np.float32)  # moved, gray background
+    composites[:n], composites[n] = backgrounds, 0.5
+    composites[:, mask] = image[mask]
+    fills = np.repeat(image[None], len(colors), axis=0)  # the region in each colour
+    fills[:, removed.mask] = colors[:, None, :]
     pasted = _seam_blurred(composites, obj.seam)
-    out[:n], out[2 * n : 2 * n + 10] = pasted[:n], pasted[n:]
+    out[:n], out[2 * n] = pasted[:n], pasted[n]
+    out[2 * n + 1 : 2 * n + 1 + len(colors)] = _seam_blurred(fills, removed.seam)
     for i in range(n):
         out[n + i] = obj.blended(targets[i], backgrounds[i])
-    f = 2 * n + 10
+    f = 2 * n + 1 + len(colors)
     for flag in (cv2.INPAINT_NS, cv2.INPAINT_TELEA):
-        out[f] = obj.inpainted(flag)
+        out[f] = removed.inpainted(flag)
         f += 1
-    margin = obj.margin()
+    margin = obj.margin()  # the pixels between the object and its box: what surrounds it
     for statistic in (np.mean, np.median):
         valid[f] = len(margin) > 0
         out[f] = image
         if valid[f]:
-            out[f][mask] = statistic(margin, axis=0)
+            out[f][removed.mask] = statistic(margin, axis=0)
         f += 1
+
+
+def check_removal(removal: object) -> None:
+    """Raise, naming ``removal``, unless it is one of :data:`REMOVAL_REGIONS`."""
+    if removal not in REMOVAL_REGIONS:
+        raise ValueError(f"removal: expected one of {list(REMOVAL_REGIONS)}, got {removal!r}")
 
 
 def _for_each(fn: Callable[[int], None], count: int, workers: int) -> None:
@@ -228,7 +255,7 @@ def _for_each(fn: Callable[[int], None], count: int, workers: int) -> None:
 
 
 def follow_up_images(
-    images: Tensor, masks: Tensor, backgrounds: Tensor, *, workers: int | None = None
+    images: Tensor, masks: Tensor, backgrounds: Tensor, *, removal: str = "box", workers: int | None = None
 ) -> tuple[Tensor, Tensor]:
     """Every operation of the six mutation functions on each image: ``F = 2·N + 14`` follow-ups, ``N`` backgrounds.
 
@@ -237,6 +264,11 @@ def follow_up_images(
         masks: ``(B, H, W)`` bool, ``True`` on each image's object; none may be empty.
         backgrounds: ``(N, 3, H, W)`` or ``(N, C, H, W)`` floating backgrounds in ``[0, 1]`` of the images'
             size, ``N ≥ 1`` (RGB ones become gray for grayscale images).
+        removal: the region the object-removing operations replace: ``"box"`` (default), the object's
+            bounding box, so that no trace of its shape is left; or ``"mask"``, the object's own pixels
+            (the paper's, for segmentations of photographed objects). Filling only the mask of a
+            shape-defined object -- a digit's strokes, a square -- leaves its silhouette in the fill's
+            colour, and a model that reads the object still recognises it.
         workers: threads generating images in parallel; ``None``: ``min(os.cpu_count(), B)``; ``1``: in
             this thread. The result does not depend on it. OpenCV's own thread pool (``cv2.setNumThreads``)
             is left as it is: an OpenCV call made while another thread holds that pool runs in its caller,
@@ -266,6 +298,7 @@ def follow_up_images(
     images = check_object_images("images", images)
     masks = check_object_masks("masks", masks, images)
     backgrounds = check_backgrounds(backgrounds, images)
+    check_removal(removal)
     workers = worker_count(workers, len(images))
     channels = images.shape[1]
     sources, grounds = _hwc(images, channels), _hwc(backgrounds, channels)
@@ -278,11 +311,66 @@ def follow_up_images(
     targets = [_clone_target(ground) for ground in grounds]
 
     def one(b: int) -> None:
-        _mutate(sources[b], regions[b], grounds, targets, out[b].transpose(0, 2, 3, 1), valid[b])  # F×H×W×C
+        _mutate(sources[b], regions[b], grounds, targets, out[b].transpose(0, 2, 3, 1), valid[b], removal)  # F×H×W×C
 
     _for_each(one, len(sources), workers)
     device = images.device
     return torch.from_numpy(out).to(device), torch.from_numpy(valid).to(device)
+
+
+def move_objects(images: Tensor, masks: Tensor, backgrounds: Tensor, *, workers: int | None = None) -> Tensor:
+    """Each image's object moved onto backgrounds, seam median-blurred: ``MoveObjectToBackground`` alone.
+
+    The same pixels as the ``MoveObjectToBackground`` follow-ups of :func:`follow_up_images`, without the
+    other operations: what a feedback loop needs to show an object on backgrounds it has not seen.
+
+    Args:
+        images: ``(B, C, H, W)`` floating sources in ``[0, 1]``, ``C`` in ``{1, 3}``.
+        masks: ``(B, H, W)`` bool, ``True`` on each image's object; none may be empty.
+        backgrounds: ``(N, 3 or C, H, W)`` backgrounds for every image, as :func:`follow_up_images` takes
+            them, or ``(B, N, 3 or C, H, W)``: ``N`` backgrounds of each image's own.
+        workers: threads, as in :func:`follow_up_images` (the result does not depend on it).
+
+    Returns:
+        ``(B, N, C, H, W)`` float32 on ``images``' device.
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> images, backgrounds = torch.rand(2, 3, 8, 8, generator=g), torch.rand(3, 3, 8, 8, generator=g)
+        >>> masks = torch.zeros(2, 8, 8, dtype=torch.bool)
+        >>> masks[:, 2:6, 2:6] = True
+        >>> moved = move_objects(images, masks, backgrounds)
+        >>> follow_ups, _ = follow_up_images(images, masks, backgrounds)
+        >>> tuple(moved.shape), torch.equal(moved, follow_ups[:, :3])
+        ((2, 3, 3, 8, 8), True)
+        >>> own = move_objects(images, masks, torch.stack([backgrounds[:2], backgrounds[1:]]))  # each its own two
+        >>> torch.equal(own[1, 0], moved[1, 1]), torch.equal(own[0, 1], moved[0, 1])
+        (True, True)
+    """
+    images = check_object_images("images", images)
+    masks = check_object_masks("masks", masks, images)
+    own = isinstance(backgrounds, Tensor) and backgrounds.ndim == 5
+    if own and len(backgrounds) != len(images):
+        raise ValueError(
+            f"backgrounds: expected (B, N, C, H, W) with B = {len(images)}, one set per image, "
+            f"got {tuple(backgrounds.shape)}"
+        )
+    checked = check_backgrounds(backgrounds.flatten(0, 1) if own else backgrounds, images)
+    workers = worker_count(workers, len(images))
+    channels = images.shape[1]
+    sources, grounds = _hwc(images, channels), _hwc(checked, channels)
+    grounds = grounds.reshape(len(images), -1, *grounds.shape[1:]) if own else grounds
+    regions = masks.detach().cpu().numpy()
+    count = grounds.shape[1] if own else len(grounds)
+    out = np.empty((len(sources), count, *sources.shape[1:]), np.float32)
+
+    def one(b: int) -> None:
+        composites = (grounds[b] if own else grounds).copy()
+        composites[:, regions[b]] = sources[b][regions[b]]
+        out[b] = _seam_blurred(composites, _Object(sources[b], regions[b]).seam)
+
+    _for_each(one, len(sources), workers)
+    return torch.from_numpy(out).permute(0, 1, 4, 2, 3).contiguous().to(images.device)
 
 
 def _transplant_one(
