@@ -1,6 +1,6 @@
 """Object relevancy's questions on digit scenes: a clean model and a spurious-background model of one architecture.
 
-    python recipes/object_relevancy.py [--epochs 8] [--probe 500] [--budget 100] [--pairs 50] [--tune-epochs 4]
+    python recipes/object_relevancy.py [--epochs 8] [--probe 500] [--budget 100] [--pairs 50] [--tune-epochs 20]
 
 Scenes: the embedded MNIST digits composited on photo crops and textures (``SceneDataModule``,
 32x32 RGB). The *clean* model is trained on scenes whose background kind is independent of the
@@ -16,9 +16,13 @@ predicts the label.
    ordered class pairs × ``--budget`` synthesised images each (paper, ResNet-152 on ImageNet:
    3,310 vs 1,800 successes in scenario 1, 1,288 vs 629 in scenario 2).
 3. Feedback: the spurious model fine-tuned ``--tune-epochs`` epochs on its own scenes with
-   ``ObjectRelevancyCallback(bank=...)`` (follow-ups on one background of each of the ten kinds) +
-   ``FailureReplay`` against the same fine-tuning without the callbacks: relevancy and accuracy on
-   shuffled-background scenes.
+   ``ObjectRelevancyCallback(bank=...)`` (follow-ups on one background of each of the ten kinds; each
+   unreliable scene's digit deposited on ten backgrounds drawn anew at every measurement) +
+   ``FailureReplay`` (each failure about once an epoch, at most half a batch) against the same
+   fine-tuning without the callbacks, and the clean model fine-tuned on clean scenes with the same
+   callbacks: relevancy and accuracy on shuffled-background scenes, apart for the first 512
+   validation digits (where fine-tuning's validation, and so the probe set, draws from) and the
+   others, which no callback sees.
 
 Writes results.md, results.json and pictures (distributions, gallery, attack examples) into --out.
 """
@@ -50,11 +54,15 @@ from dlguard.zoo import ClassifierModule, mnist_b
 PAPER_UNRELIABLE = (0.053, 0.067)
 PAPER_ATTACK = {1: (3310, 1800), 2: (1288, 629)}  # (guided, random) successes, 50 pairs x 100 images
 BACKGROUND_KINDS = (0, 1, 2, 5)  # the callback's default: two photo crops, two textures
+PROBED = 512  # fine-tuning validates on the first 512 validation scenes; the other 488 digits no callback sees
 
 
-def quiet_trainer(epochs: int, callbacks: list[L.Callback] | None = None, root: Path | None = None) -> L.Trainer:
+def quiet_trainer(
+    epochs: int, callbacks: list[L.Callback] | None = None, root: Path | None = None, **options: Any
+) -> L.Trainer:
     L.seed_everything(0, verbose=False)
     return L.Trainer(
+        **options,
         default_root_dir=root,
         max_epochs=epochs,
         callbacks=callbacks or [],
@@ -72,6 +80,14 @@ def train(spurious: float, epochs: int) -> ClassifierModule:
     module = ClassifierModule(mnist_b(in_channels=3, input_size=32), lr=1e-3)
     quiet_trainer(epochs).fit(module, datamodule=SceneDataModule(spurious=spurious, batch_size=64))
     return module.eval()
+
+
+def unseen_accuracy(model: Module, scenes: Scenes) -> dict[str, float]:
+    """Accuracy on the first :data:`PROBED` scenes (fine-tuning's probe digits) and on the others, apart."""
+    return {
+        "shuffled_probed": accuracy(model, scenes.images[:PROBED], scenes.labels[:PROBED]),
+        "shuffled_unseen": accuracy(model, scenes.images[PROBED:], scenes.labels[PROBED:]),
+    }
 
 
 def accuracy(model: Module, images: Tensor, labels: Tensor) -> float:
@@ -159,12 +175,13 @@ def attack_table(model: Module, scenes: Scenes, row: dict[str, Any], budget: int
 
 
 def fine_tune(
-    model: ClassifierModule, epochs: int, probe: int, replay: bool, root: Path
+    model: ClassifierModule, epochs: int, probe: int, replay: bool, root: Path, spurious: float = 1.0
 ) -> tuple[ClassifierModule, list]:
-    """Fine-tune on the spurious scenes, with or without the relevancy feedback.
+    """Fine-tune on the model's own scenes (``spurious``), with or without the relevancy feedback.
 
-    With ``replay`` the callback moves unreliable inferences' objects onto backgrounds of all ten kinds
-    (one each) and ``FailureReplay`` mixes them into half of every training batch.
+    With ``replay`` the callback measures with follow-ups on backgrounds of all ten kinds (one each), deposits
+    each unreliable inference's object on ten backgrounds drawn anew per measurement, and ``FailureReplay``
+    replays each about once an epoch, at most half of a training batch.
     """
     tuned = copy.deepcopy(model).train()
     callbacks: list[L.Callback] = []
@@ -172,10 +189,17 @@ def fine_tune(
     if replay:
         feedback = FailureReplay(bank=FailureBank(capacity=10 * probe), fraction=0.5)
         backgrounds, _ = scene_backgrounds(10, 32, kinds=list(range(10)), seed=1)
-        callback = ObjectRelevancyCallback(probe_size=probe, backgrounds=backgrounds, bank=feedback.bank)
+        callback = ObjectRelevancyCallback(
+            probe_size=probe,
+            backgrounds=backgrounds,
+            bank=feedback.bank,
+            budget=None,  # a study: every epoch
+        )
         callbacks = [callback, feedback]
         history = callback.history
-    quiet_trainer(epochs, callbacks, root).fit(tuned, datamodule=SceneDataModule(spurious=1.0, batch_size=64))
+    # validation (where the probe set is drawn) sees the first PROBED scenes only: the rest stay unseen
+    trainer = quiet_trainer(epochs, callbacks, root, limit_val_batches=PROBED // 64)
+    trainer.fit(tuned, datamodule=SceneDataModule(spurious=spurious, batch_size=64))
     return tuned.eval(), [
         {"epoch": r["epoch"], **{k.split("/")[1]: round(v, 4) for k, v in r["logged"].items()}} for r in history
     ]
@@ -187,7 +211,7 @@ def main() -> None:
     parser.add_argument("--probe", type=int, default=500)
     parser.add_argument("--budget", type=int, default=100)
     parser.add_argument("--pairs", type=int, default=50)
-    parser.add_argument("--tune-epochs", type=int, default=4)
+    parser.add_argument("--tune-epochs", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("dlguard-runs/object_relevancy"))
     args = parser.parse_args()
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
@@ -213,6 +237,7 @@ def main() -> None:
         other = shuffled(scenes)
         shuffled_accuracy[name] = accuracy(model, other.images, other.labels)
         rows[name]["shuffled_accuracy"] = shuffled_accuracy[name]
+        rows[name].update(unseen_accuracy(model, other))
         print(f"{name}: S {rows[name]['score']:.3f}, unreliable {rows[name]['unreliable_rate']:.3f}, "
               f"accuracy {rows[name]['accuracy']:.3f}, shuffled backgrounds {shuffled_accuracy[name]:.3f}")  # fmt: skip
     distributions_figure(rows).savefig(args.out / "relevancy_distributions.png", dpi=110)
@@ -238,19 +263,21 @@ def main() -> None:
             print(f"attack {name} scenario {key}: {value['successes']} of {value['attempts']}")
 
     tuned = {}
-    for replay in (True, False):
-        model, history = fine_tune(models["spurious"], args.tune_epochs, args.probe, replay, args.out)
-        scenes = data["spurious"].val_set
-        after = relevancy(model, scenes, follow_ups["spurious"], args.probe)
+    for key, name, replay in (("replay", "spurious", True), ("plain", "spurious", False), ("clean", "clean", True)):
+        spurious = 1.0 if name == "spurious" else 0.0
+        model, history = fine_tune(models[name], args.tune_epochs, args.probe, replay, args.out, spurious)
+        scenes = data[name].val_set
+        after = relevancy(model, scenes, follow_ups[name], args.probe)
         other = shuffled(scenes)
-        tuned["replay" if replay else "plain"] = {
+        tuned[key] = {
             "history": history,
             "score": after["score"],
             "unreliable_rate": after["unreliable_rate"],
             "accuracy": after["accuracy"],
             "shuffled_accuracy": accuracy(model, other.images, other.labels),
+            **unseen_accuracy(model, other),
         }
-        print("fine-tuned", "with replay" if replay else "without", tuned["replay" if replay else "plain"])
+        print("fine-tuned", key, {k: v for k, v in tuned[key].items() if k != "history"})
 
     results = {
         "relevancy": {
@@ -304,16 +331,22 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
         "",
         f"Spurious model fine-tuned {args.tune_epochs} epochs on its own scenes:",
         "",
-        "| fine-tuning | mean S | unreliable (of correct) | accuracy | accuracy, shuffled backgrounds |",
-        "|---|---|---|---|---|",
+        "| fine-tuning | mean S | unreliable (of correct) | accuracy | accuracy, shuffled backgrounds | "
+        f"shuffled, the {PROBED} probed digits | shuffled, the other digits (never probed) |",
+        "|---|---|---|---|---|---|---|",
         f"| before | {rel['spurious']['score']:.3f} | {rel['spurious']['unreliable_rate']:.1%} | "
-        f"{rel['spurious']['accuracy']:.3f} | {rel['spurious']['shuffled_accuracy']:.3f} |",
+        f"{rel['spurious']['accuracy']:.3f} | {rel['spurious']['shuffled_accuracy']:.3f} | "
+        f"{rel['spurious']['shuffled_probed']:.3f} | {rel['spurious']['shuffled_unseen']:.3f} |",
     ]
-    for name, label in (("plain", "plain (no callbacks)"), ("replay", "ObjectRelevancyCallback + FailureReplay")):
+    for name, label in (
+        ("plain", "plain (no callbacks)"),
+        ("replay", "ObjectRelevancyCallback + FailureReplay"),
+        ("clean", "the clean model, fine-tuned on its own scenes with the same callbacks"),
+    ):
         row = tuned[name]
         lines.append(
             f"| {label} | {row['score']:.3f} | {row['unreliable_rate']:.1%} | {row['accuracy']:.3f} | "
-            f"{row['shuffled_accuracy']:.3f} |"
+            f"{row['shuffled_accuracy']:.3f} | {row['shuffled_probed']:.3f} | {row['shuffled_unseen']:.3f} |"
         )
     curve = ", ".join(f"{h['score']:.3f}" for h in tuned["replay"]["history"])
     lines += ["", f"relevancy/score logged by the callback per epoch during fine-tuning: {curve}", ""]
