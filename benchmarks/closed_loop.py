@@ -1,0 +1,528 @@
+"""Does feeding failures back pay? Each dlguard loop against the augmentations a user would use instead.
+
+    python benchmarks/closed_loop.py [--setting mnist|scenes] [--seeds 0 1 2] [--epochs 6]
+                                     [--arms NAME ...] [--out results.json]
+
+Every arm trains the same network from scratch on the same training split for the same epochs, with
+the same seeds (Adam 1e-3, batches of 64; the seed also seeds every callback); only what happens
+to the training batches differs:
+
+- ``plain``; the standard augmentations ``augmix``, ``trivialaugment``, ``randaugment``
+  (torchvision's, per image) and ``noise`` (Gaussian, ``σ ~ U(0, 0.3)`` per image);
+- each dlguard loop at its defaults, its measurements on a validation split: ``robustness``
+  (``RobustnessCallback`` + ``ErrorGuidedAugmentation`` + ``FailureReplay``), ``dscore``
+  (``DScoreCallback`` + ``ScoreGuidedPadding``), ``hda`` (``HDACallback`` + ``FailureReplay``),
+  ``metamorphic`` (``MetamorphicCallback`` + ``FailureReplay``), and ``dlguard`` (all four on one bank);
+- each loop's open-loop control, ``<loop>-open``: the same generator's test cases, *not* chosen by
+  detection, at the same dose. The loop's run is recorded -- how many failures it deposited at
+  which validation, its replay fraction, its guide's strength in each epoch -- and the control
+  deposits as many of its generator's cases, drawn from random validation inputs with their true
+  labels, at the same validations, replays them at the same fraction, and applies the guide's
+  transformations at the same mean strength, uniformly over classes and properties (D-Score's guide
+  *is* its dose: its control pads at the loop's mean ``p`` in every epoch from the first). The
+  generators: the robustness trio at random severities; metamorphic's label-preserving
+  transformations at random parameters; for HDA, uniform noise in the ``radius`` ball
+  (``hda-open``) and, a different generator at the same test-case budget, PGD at the same radius
+  on the current model (``hda-pgd``: the paper's Table 10 baseline).
+
+Judged on a test split that no callback and no training step sees: clean accuracy; mean
+corruption accuracy (mCA) over fifteen albumentations corruptions at five severities
+(``benchmarks/_corruptions.py``: an implementation dlguard does not share); FGSM and PGD accuracy
+(``ε = 0.1``, PGD 10 steps of ``ε/4``, written here, not dlguard's); each detector's own measure --
+the violation rate of metamorphic's label-preserving transformations (lower is better), local
+robustness under the robustness trio (the share of correctly classified test inputs that each
+property at each severity leaves correct), and HDA's ``R̂_g`` white-box (100 test seeds searched by
+HDA's GA, 50 x 5 with its gradient start, against the arm's own final model; the density-weighted
+share it still gets right) --;
+and the fit's wall time, over ``plain``'s. Mean ± standard deviation over the seeds.
+
+Settings: ``mnist`` is ``mnist_a`` on the embedded MNIST (3,500 training, 1,000 validation, 500
+test digits, stratified); ``scenes`` is a ResNet-18 (3x3 stride-1 stem) on dlguard's 32x32 RGB
+scenes of the same digits, with ImageNet normalisation as ``preprocess`` (HDA's ``R̂_g`` on 20 test
+seeds there). Needs the ``bench`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import mean, stdev
+from typing import Any
+
+import lightning as L
+import torch
+import torchvision
+from _corruptions import corrupt
+from sklearn.model_selection import train_test_split
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+from torchvision.transforms import v2
+
+from dlguard.augment import ErrorGuidedAugmentation, ScoreGuidedPadding, default_properties, property_preset
+from dlguard.callbacks import DScoreCallback, FailureReplay, HDACallback, MetamorphicCallback, RobustnessCallback
+from dlguard.data import FailureBank, make_scenes
+from dlguard.data.mnist import embedded_mnist
+from dlguard.generate import PCADistribution, hda_test, pgd
+from dlguard.metrics import EmpiricalGlobalRobustness
+from dlguard.probes import ModelAdapter
+
+EPS = 0.1
+MEAN, STD = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+
+
+class Normalize(nn.Module):
+    """ImageNet's normalisation: the scenes' ResNet-18 expects normalised input."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return (x - MEAN.to(x)) / STD.to(x)
+
+
+# ---- data and model -----------------------------------------------------------------------------
+
+
+@dataclass
+class Setting:
+    """The splits (inputs in ``[0, 1]``), the network factory and the model's ``preprocess``."""
+
+    train: tuple[Tensor, Tensor]
+    val: tuple[Tensor, Tensor]
+    test: tuple[Tensor, Tensor]
+    make_net: Callable[[], nn.Module]
+    preprocess: nn.Module | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _split() -> tuple[Tensor, ...]:
+    digits, labels = embedded_mnist()
+    index = torch.arange(len(labels))
+    train, rest = train_test_split(index, train_size=3500, stratify=labels, random_state=0)
+    val, test = train_test_split(rest, train_size=1000, stratify=labels[rest], random_state=0)
+    return digits, labels, torch.as_tensor(train), torch.as_tensor(val), torch.as_tensor(test)
+
+
+def mnist_setting() -> Setting:
+    from dlguard.zoo import mnist_a
+
+    digits, labels, *splits = _split()
+    images = digits[:, None].float() / 255
+    train, val, test = ((images[rows], labels[rows]) for rows in splits)
+    return Setting(train, val, test, mnist_a)
+
+
+def scenes_setting() -> Setting:
+    digits, labels, *splits = _split()
+    train, val, test = (
+        (scenes.images, scenes.labels)
+        for scenes in (make_scenes(digits[rows], labels[rows], seed=seed) for seed, rows in enumerate(splits))
+    )
+
+    def resnet18() -> nn.Module:
+        net = torchvision.models.resnet18(weights=None, num_classes=10)
+        net.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+        net.maxpool = nn.Identity()
+        return net
+
+    return Setting(train, val, test, resnet18, preprocess=Normalize(), extra={"hda_seeds": 20})
+
+
+class Classifier(L.LightningModule):
+    """The network behind ``preprocess``; ``augment`` (a standard augmentation arm's) runs in the training step."""
+
+    def __init__(self, net: nn.Module, preprocess: nn.Module | None, augment: Callable[[Tensor], Tensor] | None):
+        super().__init__()
+        self.net, self.prepare = net, preprocess or nn.Identity()
+        self.augment = augment
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(self.prepare(x))
+
+    def training_step(self, batch: list[Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        if self.augment is not None:
+            x = self.augment(x)
+        return nn.functional.cross_entropy(self(x), y)
+
+    def validation_step(self, batch: list[Tensor], batch_idx: int) -> None:
+        self.log("val_acc", (self(batch[0]).argmax(1) == batch[1]).float().mean())
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+
+# ---- standard augmentations ---------------------------------------------------------------------
+
+
+def per_image(transform: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+    """A torchvision transform of uint8 images, applied to each image of a float batch on its own."""
+
+    def apply(x: Tensor) -> Tensor:
+        pixels = (x * 255).round().to(torch.uint8)
+        return torch.stack([transform(image) for image in pixels]).float() / 255
+
+    return apply
+
+
+def gaussian_noise(x: Tensor) -> Tensor:
+    sigma = torch.rand(len(x), *([1] * (x.ndim - 1))) * 0.3
+    return (x + sigma * torch.randn_like(x)).clamp(0, 1)
+
+
+STANDARD = {
+    "augmix": lambda: per_image(v2.AugMix()),
+    "trivialaugment": lambda: per_image(v2.TrivialAugmentWide()),
+    "randaugment": lambda: per_image(v2.RandAugment()),
+    "noise": lambda: gaussian_noise,
+}
+
+
+# ---- the loops, their doses and their open-loop controls ----------------------------------------
+
+
+class RecordingBank(FailureBank):
+    """A bank that remembers how many failures each validation deposited (the loop's dose)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.epoch = -1
+        self.deposits: dict[int, int] = {}
+
+    def add(self, inputs: Tensor, labels: Tensor, origin: str) -> None:
+        super().add(inputs, labels, origin)
+        self.deposits[self.epoch] = self.deposits.get(self.epoch, 0) + len(labels)
+
+
+class Dose(L.Callback):
+    """Records a loop's dose: deposits per validation, and its guide's strength in each training epoch."""
+
+    def __init__(self, bank: RecordingBank | None, guide: nn.Module | None, owner: L.Callback | None) -> None:
+        self.bank, self.guide, self.owner = bank, guide, owner
+        self.strength: list[float] = []
+
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.bank is not None:
+            self.bank.epoch = trainer.current_epoch
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.guide is None:
+            return
+        active = self.owner is not None and self.owner._guide_ready()
+        if isinstance(self.guide, ErrorGuidedAugmentation):
+            applied = self.guide.strength * float(self.guide.proposal.mean()) if self.guide.proposal.numel() else 0.0
+            self.strength.append(applied if active else 0.0)
+        else:
+            self.strength.append(float(self.guide.p) if active else 0.0)
+
+    def record(self) -> dict[str, Any]:
+        deposits = {} if self.bank is None else {str(e): n for e, n in self.bank.deposits.items()}
+        return {"deposits": deposits, "strength": self.strength}
+
+
+class OpenLoop(L.Callback):
+    """A loop's dose without its detection: random cases of the same generator, deposited and replayed alike.
+
+    At each validation the loop deposited ``n`` failures at, ``n`` random validation inputs go through
+    ``generate`` (with their true labels) into ``bank``; ``guide`` (when given) transforms the training
+    batch at ``strength[epoch]``, the same for every class and property.
+    """
+
+    def __init__(
+        self,
+        source: tuple[Tensor, Tensor],
+        generate: Callable[[Tensor, Tensor, nn.Module], Tensor] | None,
+        deposits: dict[str, int],
+        bank: FailureBank | None,
+        guide: nn.Module | None = None,
+        strength: list[float] | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.source, self.generate, self.deposits, self.bank = source, generate, deposits, bank
+        self.guide, self.strength = guide, strength or []
+        self.generator = torch.Generator().manual_seed(seed)
+        self.deposited: dict[str, int] = {}
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if isinstance(self.guide, ErrorGuidedAugmentation):
+            classes = int(self.source[1].max()) + 1
+            self.guide.set_proposal(torch.full((classes, len(self.guide.properties)), self._strength(trainer)))
+
+    def _strength(self, trainer: L.Trainer) -> float:
+        return self.strength[trainer.current_epoch] if trainer.current_epoch < len(self.strength) else 0.0
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
+        if self.guide is not None:
+            with torch.no_grad():
+                batch[0] = self.guide(batch[0], batch[1])
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        count = self.deposits.get(str(trainer.current_epoch), 0)
+        if trainer.sanity_checking or not count or self.generate is None or self.bank is None:
+            return
+        inputs, labels = self.source
+        rows = torch.randperm(len(labels), generator=self.generator)[:count]
+        cases = self.generate(inputs[rows], labels[rows], pl_module)
+        self.bank.add(cases, labels[rows], origin="open-loop")
+        self.deposited[str(trainer.current_epoch)] = len(rows)
+
+
+def random_properties(properties: list) -> Callable[[Tensor, Tensor, nn.Module], Tensor]:
+    """Each input through one property of ``properties`` at one of its levels, both drawn at random."""
+
+    def generate(x: Tensor, y: Tensor, model: nn.Module) -> Tensor:
+        which = torch.randint(len(properties), (len(x),))
+        out = x.clone()
+        for index, prop in enumerate(properties):
+            rows = which == index
+            if rows.any():
+                levels = torch.tensor(prop.levels)[torch.randint(len(prop.levels), (int(rows.sum()),))]
+                out[rows] = prop(x[rows], levels.to(x))
+        return out
+
+    return generate
+
+
+def ball_noise(radius: float) -> Callable[[Tensor, Tensor, nn.Module], Tensor]:
+    return lambda x, y, model: (x + (2 * torch.rand_like(x) - 1) * radius).clamp(0, 1)
+
+
+def pgd_cases(radius: float) -> Callable[[Tensor, Tensor, nn.Module], Tensor]:
+    return lambda x, y, model: pgd(model, x, y, eps=radius, step=radius / 4, steps=10)
+
+
+@dataclass
+class Arm:
+    """What an arm adds to the trainer, and the dose it records (loops) or follows (controls)."""
+
+    callbacks: list[L.Callback]
+    augment: Callable[[Tensor], Tensor] | None = None
+    dose: Dose | None = None
+
+
+def loop_arm(name: str, setting: Setting, seed: int) -> Arm:
+    options: dict[str, Any] = {"seed": seed, "preprocess": setting.preprocess}
+    bank = RecordingBank()
+    replay = FailureReplay(bank=bank, seed=seed)
+    parts: dict[str, Callable[[], tuple[L.Callback, nn.Module | None]]] = {
+        "robustness": lambda: _with_guide(
+            lambda guide: RobustnessCallback(guide=guide, bank=bank, **options), ErrorGuidedAugmentation()
+        ),
+        "dscore": lambda: _with_guide(lambda guide: DScoreCallback(guide=guide, **options), ScoreGuidedPadding()),
+        "hda": lambda: (HDACallback(bank=bank, **options), None),
+        "metamorphic": lambda: (MetamorphicCallback(bank=bank, **options), None),
+    }
+    chosen = list(parts) if name == "dlguard" else [name]
+    made = [parts[part]() for part in chosen]
+    callbacks = [callback for callback, _ in made]
+    guide_owner = next(((c, g) for c, g in made if g is not None), (None, None))
+    uses_bank = name != "dscore"
+    dose = Dose(bank if uses_bank else None, guide_owner[1], guide_owner[0])
+    return Arm([*callbacks, *([replay] if uses_bank else []), dose], dose=dose)
+
+
+def _with_guide(make: Callable[[nn.Module], L.Callback], guide: nn.Module) -> tuple[L.Callback, nn.Module]:
+    return make(guide), guide
+
+
+def open_arm(name: str, setting: Setting, seed: int, dose: dict[str, Any]) -> Arm:
+    loop, _, variant = name.partition("-")
+    bank = FailureBank()
+    strength = dose["strength"]
+    if loop == "dscore":  # the guide is the dose: pad at the loop's mean strength from the first epoch
+        guide = ScoreGuidedPadding(p=mean(strength) if strength else 0.0)
+        return Arm([OpenLoop(setting.val, None, {}, None, guide=guide, seed=seed)])
+    generate, guide = {
+        "robustness": (random_properties(default_properties()), ErrorGuidedAugmentation(strength=1.0)),
+        "metamorphic": (random_properties(property_preset("label_preserving")), None),
+        "hda": (pgd_cases(EPS) if variant == "pgd" else ball_noise(EPS), None),
+    }[loop]
+    control = OpenLoop(setting.val, generate, dose["deposits"], bank, guide=guide, strength=strength, seed=seed)
+    return Arm([control, FailureReplay(bank=bank, seed=seed)])
+
+
+LOOPS = ("robustness", "dscore", "hda", "metamorphic", "dlguard")
+CONTROLS = ("robustness-open", "dscore-open", "hda-open", "hda-pgd", "metamorphic-open")
+ARMS = ("plain", *STANDARD, *LOOPS, *CONTROLS)
+
+
+# ---- judging ------------------------------------------------------------------------------------
+
+
+def predict(model: nn.Module, x: Tensor) -> Tensor:
+    with torch.no_grad():
+        return torch.cat([model(part).argmax(1) for part in x.split(500)])
+
+
+def attack(model: nn.Module, x: Tensor, y: Tensor, eps: float, steps: int) -> Tensor:
+    """FGSM (one step of ``eps``) or PGD (``steps`` of ``eps/4``), L∞, no random start: written here, not dlguard's."""
+    step = eps if steps == 1 else eps / 4
+    adversarial = x.clone()
+    for _ in range(steps):
+        adversarial.requires_grad_(True)
+        loss = nn.functional.cross_entropy(model(adversarial), y)
+        (gradient,) = torch.autograd.grad(loss, adversarial)
+        adversarial = (adversarial.detach() + step * gradient.sign()).clamp(x - eps, x + eps).clamp(0, 1)
+    return adversarial.detach()
+
+
+def violation_rate(model: nn.Module, x: Tensor) -> float:
+    """Share of (input, transformation, parameter) whose prediction differs from the source's (metamorphic)."""
+    torch.manual_seed(0)
+    source = predict(model, x)
+    flips = []
+    for prop in property_preset("label_preserving"):
+        for level in prop.levels:
+            flips.append((predict(model, prop(x, torch.full((len(x),), float(level)))) != source).float().mean())
+    return float(torch.stack(flips).mean())
+
+
+def local_robustness(model: nn.Module, x: Tensor, y: Tensor) -> float:
+    """The robustness loop's own measure: the share of correctly classified inputs the trio leaves correct."""
+    torch.manual_seed(0)
+    right = predict(model, x) == y
+    kept = []
+    for prop in default_properties():
+        for level in prop.levels:
+            moved = predict(model, prop(x[right], torch.full((int(right.sum()),), float(level))))
+            kept.append((moved == y[right]).float().mean())
+    return float(torch.stack(kept).mean())
+
+
+def hda_robustness(model: Classifier, setting: Setting, distribution: PCADistribution, seed: int) -> float:
+    """HDA's own measure, white-box: ``R̂_g`` of the model on the test cases HDA's search finds against it.
+
+    ``k`` seeds of the test split (by density and gradient indicator), each searched by the two-step GA
+    (population 50, 5 iterations, a gradient start) in its ``ε``-ball; ``R̂_g`` is the density-weighted
+    share of seeds whose best test case the model still gets right.
+    """
+    x, y = setting.test
+    adapter = ModelAdapter(model.net, preprocess=setting.preprocess)
+    run = hda_test(adapter, x, y, distribution, k=setting.extra.get("hda_seeds", 100), radius=EPS, seed=seed,
+                   holdout=1.0, gradient_start=True, population=50, iterations=5)  # fmt: skip
+    robustness = EmpiricalGlobalRobustness()
+    robustness.update(*run.heldout_share)
+    return float(robustness.compute())
+
+
+def judge(model: Classifier, setting: Setting, corrupted: dict[str, Tensor], distribution: PCADistribution) -> dict:
+    model.eval()
+    x, y = setting.test
+    scores = {"clean": float((predict(model, x) == y).float().mean())}
+    per = {name: [float((predict(model, c) == y).float().mean()) for c in levels] for name, levels in corrupted.items()}
+    scores["mCA"] = mean(mean(v) for v in per.values())
+    scores["corruptions"] = {name: round(mean(v), 4) for name, v in per.items()}
+    scores["fgsm"] = float((predict(model, attack(model, x, y, EPS, 1)) == y).float().mean())
+    scores["pgd"] = float((predict(model, attack(model, x, y, EPS, 10)) == y).float().mean())
+    scores["violation_rate"] = violation_rate(model, x)
+    scores["local_robustness"] = local_robustness(model, x, y)
+    scores["R_g"] = hda_robustness(model, setting, distribution, 0)
+    return scores
+
+
+# ---- one run ------------------------------------------------------------------------------------
+
+
+def fit(arm_name: str, setting: Setting, seed: int, epochs: int, doses: dict[str, Any]) -> tuple[nn.Module, dict]:
+    L.seed_everything(seed, verbose=False)
+    if arm_name == "plain":
+        arm = Arm([])
+    elif arm_name in STANDARD:
+        arm = Arm([], augment=STANDARD[arm_name]())
+    elif arm_name in LOOPS:
+        arm = loop_arm(arm_name, setting, seed)
+    else:
+        loop = arm_name.split("-")[0]
+        if loop not in doses:
+            raise SystemExit(f"--arms: {arm_name} follows the dose of {loop}: run {loop} before it (same seeds)")
+        arm = open_arm(arm_name, setting, seed, doses[loop])
+    model = Classifier(setting.make_net(), setting.preprocess, arm.augment)
+    train = DataLoader(TensorDataset(*setting.train), batch_size=64, shuffle=True)
+    val = DataLoader(TensorDataset(*setting.val), batch_size=100)
+    root = tempfile.mkdtemp(prefix="dlguard-closed-loop-")
+    trainer = L.Trainer(
+        max_epochs=epochs, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=root, callbacks=arm.callbacks,
+    )  # fmt: skip
+    started = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(model, train, val)
+    seconds = time.perf_counter() - started
+    shutil.rmtree(root, ignore_errors=True)
+    said = sorted(
+        {str(w.message)[:160] for w in caught if "dlguard" in str(w.filename) or "Callback" in str(w.message)}
+    )
+    record = {"seconds": seconds, "warnings": said}
+    if arm.dose is not None:
+        record["dose"] = arm.dose.record()
+        doses[arm_name] = record["dose"]
+    controls = [c for c in arm.callbacks if isinstance(c, OpenLoop)]
+    if controls:
+        record["dose"] = {"deposits": controls[0].deposited, "strength": controls[0].strength}
+    replays = [c for c in arm.callbacks if isinstance(c, FailureReplay)]
+    if replays:
+        record["replayed"] = replays[0].replayed
+    return model, record
+
+
+def summarise(results: dict[str, list[dict]]) -> list[str]:
+    plain_time = mean(r["seconds"] for r in results["plain"]) if "plain" in results else float("nan")
+    columns = ("clean", "mCA", "fgsm", "pgd", "violation_rate", "local_robustness", "R_g")
+    lines = ["| arm | " + " | ".join(columns) + " | fit time |", "|---" * (len(columns) + 2) + "|"]
+    for arm, runs in results.items():
+        cells = []
+        for column in columns:
+            values = [r[column] for r in runs if column in r]
+            if not values:
+                cells.append("–")
+                continue
+            spread = stdev(values) if len(values) > 1 else 0.0
+            cells.append(f"{mean(values):.3f} ± {spread:.3f}")
+        ratio = mean(r["seconds"] for r in runs) / plain_time
+        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {ratio:.1f}x |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--setting", choices=("mnist", "scenes"), default="mnist")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument("--out", type=Path, default=None, help="JSON file of every run's figures")
+    args = parser.parse_args()
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    setting = mnist_setting() if args.setting == "mnist" else scenes_setting()
+    started = time.perf_counter()
+    corrupted = corrupt(setting.test[0])
+    distribution = PCADistribution().fit(setting.train[0][:2000])
+    sizes = f"{len(setting.train[1])} training, {len(setting.val[1])} validation, {len(setting.test[1])} test inputs"
+    print(f"{args.setting}: {sizes}; corruptions made in {time.perf_counter() - started:.0f} s", flush=True)
+    results: dict[str, list[dict]] = {arm: [] for arm in args.arms}
+    for seed in args.seeds:
+        doses: dict[str, Any] = {}
+        for arm in args.arms:
+            model, record = fit(arm, setting, seed, args.epochs, doses)
+            record.update(judge(model, setting, corrupted, distribution))
+            results[arm].append(record)
+            extra = f", replayed {record['replayed']}" if "replayed" in record else ""
+            print(f"seed {seed} {arm:>16}: clean {record['clean']:.3f} mCA {record['mCA']:.3f} "
+                  f"fgsm {record['fgsm']:.3f} pgd {record['pgd']:.3f} viol {record['violation_rate']:.3f} "
+                  f"LR {record['local_robustness']:.3f} R_g {record['R_g']:.3f} {record['seconds']:.0f} s{extra}",
+                  flush=True)  # fmt: skip
+            for said in record["warnings"]:
+                print(f"    warned: {said}")
+        if args.out:
+            args.out.write_text(json.dumps(results, indent=1))
+    print("\n".join(summarise(results)))
+
+
+if __name__ == "__main__":
+    main()

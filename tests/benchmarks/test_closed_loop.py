@@ -1,0 +1,53 @@
+"""The closed-loop benchmark's controls: the same dose as their loop, without detection (benchmarks/closed_loop.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+import closed_loop as cl  # a script beside the package, not part of it
+
+
+@pytest.fixture(scope="module")
+def setting() -> cl.Setting:
+    full = cl.mnist_setting()
+    return cl.Setting(
+        (full.train[0][:1500], full.train[1][:1500]), (full.val[0][:300], full.val[1][:300]), full.test, full.make_net
+    )
+
+
+def test_the_splits_never_overlap() -> None:
+    _, _, train, val, test = cl._split()
+    assert len(train) == 3500 and len(val) == 1000 and len(test) == 500
+    assert not (set(train.tolist()) & set(val.tolist()) or set(val.tolist()) & set(test.tolist()))
+    assert not set(train.tolist()) & set(test.tolist())
+
+
+@pytest.mark.parametrize("loop", ["metamorphic", "robustness"])
+def test_the_open_loop_control_follows_its_loop_s_dose(setting: cl.Setting, loop: str) -> None:
+    doses: dict = {}
+    _, measured = cl.fit(loop, setting, 0, 3, doses)
+    _, control = cl.fit(f"{loop}-open", setting, 0, 3, doses)
+    deposits = measured["dose"]["deposits"]
+    assert sum(deposits.values()) > 0  # the loop found failures, so the comparison means something
+    # as many cases at the same validations, so the bank grows alike and the replay dose is the same
+    assert {e: n for e, n in deposits.items() if n} == control["dose"]["deposits"]
+    assert control["replayed"] == measured["replayed"] > 0
+    if loop == "robustness":  # the guide's strength, epoch by epoch, uniform over classes and properties
+        assert control["dose"]["strength"] == measured["dose"]["strength"] and max(measured["dose"]["strength"]) > 0
+
+
+def test_the_attack_is_one() -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))
+    x, y = torch.rand(64, 1, 4, 4), torch.randint(3, (64,))
+    adversarial = cl.attack(net, x, y, 0.1, 10)
+    assert float((adversarial - x).abs().max()) <= 0.1 + 1e-6 and bool(((adversarial >= 0) & (adversarial <= 1)).all())
+    fgsm = cl.attack(net, x, y, 0.1, 1)
+    with torch.no_grad():
+        losses = [float(torch.nn.functional.cross_entropy(net(inputs), y)) for inputs in (x, fgsm, adversarial)]
+    assert losses[0] < losses[1] < losses[2]  # FGSM raises the loss, PGD's ten steps more
