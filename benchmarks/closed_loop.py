@@ -1,7 +1,7 @@
 """Does feeding failures back pay? Each dlguard loop against the augmentations a user would use instead.
 
     python benchmarks/closed_loop.py [--setting mnist|scenes] [--seeds 0 1 2] [--epochs 6]
-                                     [--arms NAME ...] [--out results.json]
+                                     [--arms NAME ...] [--hda KEY=VALUE ...] [--out results.json]
 
 Every arm trains the same network from scratch on the same training split for the same epochs, with
 the same seeds (Adam 1e-3, batches of 64; the seed also seeds every callback); only what happens
@@ -17,9 +17,11 @@ to the training batches differs:
   detection, at the same dose. The loop's run is recorded -- how many failures it deposited at
   which validation, its replay fraction, its guide's strength in each epoch -- and the control
   deposits as many of its generator's cases, drawn from random validation inputs with their true
-  labels, at the same validations, replays them at the same fraction, and applies the guide's
-  transformations at the same mean strength, uniformly over classes and properties (D-Score's guide
-  *is* its dose: its control pads at the loop's mean ``p`` in every epoch from the first). The
+  labels, at the same validations (so the same ``FailureReplay`` replays as many rows), and applies
+  the guide's transformations at the same mean strength, uniformly over classes and properties
+  (D-Score's guide *is* its dose: ``p`` pads with probability ``p`` by a ratio ``p``, so its control
+  pads at the loop's root mean square ``p`` in every epoch from the first). A control's random
+  draws come from a generator of its own, so training's shuffles and dropout go on as in the loop's. The
   generators: the robustness trio at random severities; metamorphic's label-preserving
   transformations at random parameters; for HDA, uniform noise in the ``radius`` ball
   (``hda-open``) and, a different generator at the same test-case budget, PGD at the same radius
@@ -28,7 +30,8 @@ to the training batches differs:
 Judged on a test split that no callback and no training step sees: clean accuracy; mean
 corruption accuracy (mCA) over fifteen albumentations corruptions at five severities
 (``benchmarks/_corruptions.py``: an implementation dlguard does not share); FGSM and PGD accuracy
-(``ε = 0.1``, PGD 10 steps of ``ε/4``, written here, not dlguard's); each detector's own measure --
+(``ε = 0.1`` on MNIST, ``8/255`` on the RGB scenes, PGD 10 steps of ``ε/4``, written here, not
+dlguard's); each detector's own measure --
 the violation rate of metamorphic's label-preserving transformations (lower is better), local
 robustness under the robustness trio (the share of correctly classified test inputs that each
 property at each severity leaves correct), and HDA's ``R̂_g`` white-box (100 test seeds searched by
@@ -45,8 +48,10 @@ seeds there). Needs the ``bench`` extra.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import logging
+import math
 import shutil
 import tempfile
 import time
@@ -75,6 +80,7 @@ from dlguard.metrics import EmpiricalGlobalRobustness
 from dlguard.probes import ModelAdapter
 
 EPS = 0.1
+"""HDACallback's default radius: the HDA controls' ball, and the judge's ε on MNIST."""
 MEAN, STD = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
 
 
@@ -98,6 +104,8 @@ class Setting:
     make_net: Callable[[], nn.Module]
     preprocess: nn.Module | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    eps: float = EPS
+    """The judge's L∞ radius (FGSM, PGD, HDA's search): 0.1 on MNIST, 8/255 on RGB scenes."""
 
 
 def _split() -> tuple[Tensor, ...]:
@@ -130,7 +138,7 @@ def scenes_setting() -> Setting:
         net.maxpool = nn.Identity()
         return net
 
-    return Setting(train, val, test, resnet18, preprocess=Normalize(), extra={"hda_seeds": 20})
+    return Setting(train, val, test, resnet18, preprocess=Normalize(), extra={"hda_seeds": 20}, eps=8 / 255)
 
 
 class Classifier(L.LightningModule):
@@ -247,17 +255,19 @@ class OpenLoop(L.Callback):
         self.guide, self.strength = guide, strength or []
         self.generator = torch.Generator().manual_seed(seed)
         self.deposited: dict[str, int] = {}
+        self.applied: list[float] = []  # the guide's strength as applied, epoch by epoch (the loop's Dose records it)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if isinstance(self.guide, ErrorGuidedAugmentation):
             classes = int(self.source[1].max()) + 1
             self.guide.set_proposal(torch.full((classes, len(self.guide.properties)), self._strength(trainer)))
+            self.applied.append(self.guide.strength * float(self.guide.proposal.mean()))
 
     def _strength(self, trainer: L.Trainer) -> float:
         return self.strength[trainer.current_epoch] if trainer.current_epoch < len(self.strength) else 0.0
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
-        if self.guide is not None:
+        if self.guide is not None and (self.applied[-1] if self.applied else 1.0) > 0:
             with torch.no_grad():
                 batch[0] = self.guide(batch[0], batch[1])
 
@@ -267,7 +277,9 @@ class OpenLoop(L.Callback):
             return
         inputs, labels = self.source
         rows = torch.randperm(len(labels), generator=self.generator)[:count]
-        cases = self.generate(inputs[rows], labels[rows], pl_module)
+        with torch.random.fork_rng(devices=[]):  # the cases' own draws: training's RNG goes on as in the loop's run
+            torch.manual_seed(int(torch.randint(2**31, (1,), generator=self.generator)))
+            cases = self.generate(inputs[rows], labels[rows], pl_module)
         self.bank.add(cases, labels[rows], origin="open-loop")
         self.deposited[str(trainer.current_epoch)] = len(rows)
 
@@ -305,6 +317,10 @@ class Arm:
     dose: Dose | None = None
 
 
+HDA_OPTIONS: dict[str, Any] = {}
+"""``--hda key=value ...``: HDACallback arguments other than its defaults (e.g. ``k=50 budget=None``)."""
+
+
 def loop_arm(name: str, setting: Setting, seed: int) -> Arm:
     options: dict[str, Any] = {"seed": seed, "preprocess": setting.preprocess}
     bank = RecordingBank()
@@ -314,7 +330,7 @@ def loop_arm(name: str, setting: Setting, seed: int) -> Arm:
             lambda guide: RobustnessCallback(guide=guide, bank=bank, **options), ErrorGuidedAugmentation()
         ),
         "dscore": lambda: _with_guide(lambda guide: DScoreCallback(guide=guide, **options), ScoreGuidedPadding()),
-        "hda": lambda: (HDACallback(bank=bank, **options), None),
+        "hda": lambda: (HDACallback(bank=bank, **{**options, **HDA_OPTIONS}), None),
         "metamorphic": lambda: (MetamorphicCallback(bank=bank, **options), None),
     }
     chosen = list(parts) if name == "dlguard" else [name]
@@ -334,8 +350,8 @@ def open_arm(name: str, setting: Setting, seed: int, dose: dict[str, Any]) -> Ar
     loop, _, variant = name.partition("-")
     bank = FailureBank()
     strength = dose["strength"]
-    if loop == "dscore":  # the guide is the dose: pad at the loop's mean strength from the first epoch
-        guide = ScoreGuidedPadding(p=mean(strength) if strength else 0.0)
+    if loop == "dscore":  # the guide is the dose: p pads with probability p by a ratio p, so match the mean p²
+        guide = ScoreGuidedPadding(p=math.sqrt(mean(p * p for p in strength)) if strength else 0.0)
         return Arm([OpenLoop(setting.val, None, {}, None, guide=guide, seed=seed)])
     generate, guide = {
         "robustness": (random_properties(default_properties()), ErrorGuidedAugmentation(strength=1.0)),
@@ -403,7 +419,7 @@ def hda_robustness(model: Classifier, setting: Setting, distribution: PCADistrib
     """
     x, y = setting.test
     adapter = ModelAdapter(model.net, preprocess=setting.preprocess)
-    run = hda_test(adapter, x, y, distribution, k=setting.extra.get("hda_seeds", 100), radius=EPS, seed=seed,
+    run = hda_test(adapter, x, y, distribution, k=setting.extra.get("hda_seeds", 100), radius=setting.eps, seed=seed,
                    holdout=1.0, gradient_start=True, population=50, iterations=5)  # fmt: skip
     robustness = EmpiricalGlobalRobustness()
     robustness.update(*run.heldout_share)
@@ -417,8 +433,8 @@ def judge(model: Classifier, setting: Setting, corrupted: dict[str, Tensor], dis
     per = {name: [float((predict(model, c) == y).float().mean()) for c in levels] for name, levels in corrupted.items()}
     scores["mCA"] = mean(mean(v) for v in per.values())
     scores["corruptions"] = {name: round(mean(v), 4) for name, v in per.items()}
-    scores["fgsm"] = float((predict(model, attack(model, x, y, EPS, 1)) == y).float().mean())
-    scores["pgd"] = float((predict(model, attack(model, x, y, EPS, 10)) == y).float().mean())
+    scores["fgsm"] = float((predict(model, attack(model, x, y, setting.eps, 1)) == y).float().mean())
+    scores["pgd"] = float((predict(model, attack(model, x, y, setting.eps, 10)) == y).float().mean())
     scores["violation_rate"] = violation_rate(model, x)
     scores["local_robustness"] = local_robustness(model, x, y)
     scores["R_g"] = hda_robustness(model, setting, distribution, 0)
@@ -464,7 +480,7 @@ def fit(arm_name: str, setting: Setting, seed: int, epochs: int, doses: dict[str
         doses[arm_name] = record["dose"]
     controls = [c for c in arm.callbacks if isinstance(c, OpenLoop)]
     if controls:
-        record["dose"] = {"deposits": controls[0].deposited, "strength": controls[0].strength}
+        record["dose"] = {"deposits": controls[0].deposited, "strength": controls[0].applied}
     replays = [c for c in arm.callbacks if isinstance(c, FailureReplay)]
     if replays:
         record["replayed"] = replays[0].replayed
@@ -496,7 +512,11 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--out", type=Path, default=None, help="JSON file of every run's figures")
+    parser.add_argument("--hda", nargs="*", default=[], metavar="KEY=VALUE", help="HDACallback arguments")
     args = parser.parse_args()
+    for option in args.hda:
+        key, _, value = option.partition("=")
+        HDA_OPTIONS[key] = ast.literal_eval(value)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     setting = mnist_setting() if args.setting == "mnist" else scenes_setting()

@@ -6,7 +6,8 @@ For mnist_a and mnist_b (the shipped weights): a balanced probe set of correctly
 validation digits; local robustness LR_{c,p} per class, property and severity (noise σ, rotation θ,
 multiplicative brightness β); robustness curves; global robustness through the adder per property;
 the error summary. Then each model is fine-tuned twice from its shipped weights with the same
-epochs and seed -- plainly, and with RobustnessCallback(guide=ErrorGuidedAugmentation()) -- and the
+epochs and seed -- plainly, and with RobustnessCallback(guide=ErrorGuidedAugmentation(strength=1.0)), the
+proposal at full strength as when its figures were made -- and the
 change in every LR_p and in clean accuracy is reported. Writes results.md, results.json,
 error_summary_<model>.md and robustness_curves.png into --out (default dlguard-runs/comprehensive).
 """
@@ -70,7 +71,11 @@ def clean_accuracy(model: torch.nn.Module, dm: MNISTDataModule) -> float:
 def fine_tune(name: str, guided: bool, epochs: int, per_class: int, pairs: int, out: Path) -> torch.nn.Module:
     L.seed_everything(0, workers=True, verbose=False)
     callbacks = (
-        [RobustnessCallback(per_class=per_class, pairs=pairs, combine=digit_sum, guide=ErrorGuidedAugmentation())]
+        [
+            RobustnessCallback(
+                per_class=per_class, pairs=pairs, combine=digit_sum, guide=ErrorGuidedAugmentation(strength=1.0)
+            )
+        ]
         if guided
         else []
     )

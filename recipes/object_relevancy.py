@@ -332,7 +332,7 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
         f"Spurious model fine-tuned {args.tune_epochs} epochs on its own scenes:",
         "",
         "| fine-tuning | mean S | unreliable (of correct) | accuracy | accuracy, shuffled backgrounds | "
-        f"shuffled, the {PROBED} probed digits | shuffled, the other digits (never probed) |",
+        f"shuffled, the {PROBED} digits the probe set is drawn from | shuffled, the other digits (never probed) |",
         "|---|---|---|---|---|---|---|",
         f"| before | {rel['spurious']['score']:.3f} | {rel['spurious']['unreliable_rate']:.1%} | "
         f"{rel['spurious']['accuracy']:.3f} | {rel['spurious']['shuffled_accuracy']:.3f} | "

@@ -38,9 +38,9 @@ class ObjectRelevancyCallback(ProbeCallback):
     At the first scheduled validation epoch a probe set of ``probe_size`` inputs is drawn (by content, as
     every dlguard probe set) together with their object ``masks`` -- read from each batch, or
     computed by a function. Their follow-ups -- the object moved onto and blended into each of the
-    ``backgrounds``, the background grayed; the object filled with nine colours, inpainted, filled
-    with its margin's mean and median -- are generated once with OpenCV on CPU (in parallel, cached
-    in memory and, with ``cache_dir``, on disk) and reused at every later measurement. Each
+    ``backgrounds``, the background grayed; the object's box (``removal``) filled with nine colours,
+    inpainted, filled with its margin's mean and median -- are generated once with OpenCV on CPU (in
+    parallel, cached in memory and, with ``cache_dir``, on disk) and reused at every later measurement. Each
     measurement runs the model on the probe set and its follow-ups
     (:func:`~dlguard.generate.object_relevancy_test`, each inference scored once) and reports, through
     :class:`~dlguard.metrics.ObjectRelevancy`, the mean object relevancy ``S = (S⁺ + S⁻)/2`` and the
@@ -237,15 +237,23 @@ class ObjectRelevancyCallback(ProbeCallback):
         return self.backgrounds
 
     def _failures(self, trainer: L.Trainer, run: ObjectRelevancyRun, masks: Tensor | None) -> tuple[Tensor, Tensor]:
-        """The unreliable inferences' objects, each on backgrounds of its own drawn for this measurement."""
-        if not self.fresh_backgrounds or masks is None:
+        """The unreliable inferences' objects, each on backgrounds of its own drawn for this measurement.
+
+        No more inputs are moved than the bank keeps (``capacity / fresh_backgrounds``, a content-keyed
+        choice): what the bank would drop is not made.
+        """
+        if not self.fresh_backgrounds or masks is None or self.bank is None:
             return run.failures.inputs, run.failures.labels
-        flagged = run.flagged.cpu()
+        flagged = run.flagged.cpu().nonzero().flatten()
+        keep = -(-self.bank.capacity // self.fresh_backgrounds)
+        if len(flagged) > keep:  # the lowest content keys: a choice every process and every rerun makes alike
+            flagged = flagged[content_keys(run.inputs.cpu()[flagged], self.seed).argsort()[:keep]].sort().values
         images, labels = run.inputs.cpu()[flagged], run.target.cpu()[flagged]
         if not len(images):
             return images, labels
         height, width = images.shape[-2:]
-        seed = self.seed + 7919 * (trainer.current_epoch + 1)  # new at every measurement, alike on every rank
+        # new at every measurement of a fit (the step tells validations of one epoch apart), alike on every rank
+        seed = self.seed + 7919 * (trainer.global_step + trainer.current_epoch + 1)
         count = len(images) * self.fresh_backgrounds
         backgrounds, _ = scene_backgrounds(count, max(height, width), seed=seed)
         backgrounds = backgrounds[..., :height, :width].reshape(len(images), self.fresh_backgrounds, 3, height, width)

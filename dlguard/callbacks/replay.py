@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from numbers import Real
 from typing import Any
 
 import lightning as L
@@ -34,10 +36,11 @@ class FailureReplay(Callback):
     batch, the fractions carried from batch to batch -- and never more than ``round(fraction · B)``
     rows of a batch of ``B``. A bank of 120 failures and an epoch of 55 batches of 64 replace 2 or 3
     rows per batch; replacing a quarter of every batch instead would show each of them 7 times an
-    epoch, and each of a bank of two HDA examples 440 times. ``repeats=None`` replaces ``round(fraction · B)``
-    rows of every batch whatever the bank holds, as does a call without a trainer (whose epoch length
-    is unknown). Feedback starts in the epoch after the first measurement that deposits failures:
-    a callback measures at the end of a validation epoch, once the model classifies its probe set
+    epoch, and each of a bank of two HDA examples 440 times. ``repeats=None`` replaces
+    ``round(fraction · B)`` rows of every batch whatever the bank holds, as does a call without a
+    trainer or an epoch of unknown length (an iterable dataset: ``num_training_batches`` is infinite).
+    Feedback starts in the epoch after the first measurement that deposits failures: a callback
+    measures at the end of a validation epoch, once the model classifies its probe set
     (``min_accuracy``).
 
     The bank is part of this callback's checkpoint state. Under DDP each process keeps and replays
@@ -73,7 +76,9 @@ class FailureReplay(Callback):
             raise ValueError(f"bank: expected a FailureBank or None, got {type(bank).__name__}")
         self.bank = bank if bank is not None else FailureBank()
         self.fraction = probability("fraction", fraction)
-        if repeats is not None and (isinstance(repeats, bool) or not isinstance(repeats, int | float) or repeats <= 0):
+        if repeats is not None and (
+            isinstance(repeats, bool) or not isinstance(repeats, Real) or not math.isfinite(repeats) or repeats <= 0
+        ):
             raise ValueError(
                 f"repeats: expected a positive number of replays per failure and epoch, or None, got {repeats!r}"
             )
@@ -126,7 +131,7 @@ class FailureReplay(Callback):
         if self.repeats is None or not isinstance(batches, int | float) or not 0 < batches < float("inf"):
             return most
         self._owed += self.repeats * len(self.bank) / batches
-        count = min(most, int(self._owed))
+        count = min(most, int(self._owed + 1e-9))  # ten carried tenths make one row, not 0.999...
         self._owed = min(self._owed - count, 1.0)  # what the cap held back is not made up later
         return count
 

@@ -27,6 +27,7 @@ def test_the_splits_never_overlap() -> None:
     assert not set(train.tolist()) & set(test.tolist())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loop", ["metamorphic", "robustness"])
 def test_the_open_loop_control_follows_its_loop_s_dose(setting: cl.Setting, loop: str) -> None:
     doses: dict = {}
@@ -37,8 +38,9 @@ def test_the_open_loop_control_follows_its_loop_s_dose(setting: cl.Setting, loop
     # as many cases at the same validations, so the bank grows alike and the replay dose is the same
     assert {e: n for e, n in deposits.items() if n} == control["dose"]["deposits"]
     assert control["replayed"] == measured["replayed"] > 0
-    if loop == "robustness":  # the guide's strength, epoch by epoch, uniform over classes and properties
-        assert control["dose"]["strength"] == measured["dose"]["strength"] and max(measured["dose"]["strength"]) > 0
+    if loop == "robustness":  # the guide's strength as applied, epoch by epoch, uniform over classes and properties
+        assert control["dose"]["strength"] == pytest.approx(measured["dose"]["strength"], abs=1e-6)
+        assert max(measured["dose"]["strength"]) > 0
 
 
 def test_the_attack_is_one() -> None:

@@ -71,20 +71,22 @@ def test_a_measurement_equals_a_direct_run_and_feeds_the_bank(tmp_path: Path, fr
 
     # the flagged inferences' objects on backgrounds drawn for this measurement (epoch 0), with their labels
     stored, labels = replay.bank.inputs("relevancy"), replay.bank.labels("relevancy")
-    if fresh:  # each flagged input on ten backgrounds of its own, drawn for this measurement (epoch 0)
-        count = int(flagged.sum())
+    if fresh:  # each flagged input on ten backgrounds of its own, drawn for this measurement (epoch 0, step 0)
+        rows = flagged.nonzero().flatten()
+        keep = -(-replay.bank.capacity // fresh)  # no more than the bank keeps: the lowest content keys
+        rows = rows[content_keys(probe.inputs[rows], 0).argsort()[:keep]].sort().values if len(rows) > keep else rows
+        count = len(rows)
         backgrounds = scene_backgrounds(count * fresh, 28, seed=0 + 7919 * 1)[0].view(count, fresh, 3, 28, 28)
-        sources, masks = probe.inputs[flagged], digit_masks(probe.inputs)[flagged]
+        sources, masks = probe.inputs[rows], digit_masks(probe.inputs)[rows]
         expected = torch.stack(
             [object_follow_ups(sources[i : i + 1], masks[i : i + 1], backgrounds[i]).background_swapped()[0]
              for i in range(count)]
         )  # fmt: skip
+        assert torch.equal(labels, probe.target[rows].repeat_interleave(fresh))
     else:  # the follow-ups' own four background swaps
         expected = follow_ups.background_swapped()[flagged]
-    per_input = fresh or 4
-    assert len(stored) == int(flagged.sum()) * per_input
+        assert torch.equal(labels, probe.target[flagged].repeat_interleave(4))
     torch.testing.assert_close(stored, expected.flatten(0, 1))
-    assert torch.equal(labels, probe.target[flagged].repeat_interleave(per_input))
     assert (tmp_path / "relevancy" / "relevancy_gallery.png").is_file()
     assert (tmp_path / "relevancy" / "relevancy_distribution.png").is_file()
     # the generator on the callback's probe set and the follow-ups made independently, fed to the same metric

@@ -131,7 +131,7 @@ def test_argument_validation() -> None:
         FailureReplay(bank={"a": 1})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="batch_keys"):
         FailureReplay(batch_keys=(0,))  # type: ignore[arg-type]
-    for repeats in (0, -1.0, True, "1"):
+    for repeats in (0, -1.0, True, "1", float("nan"), float("inf")):
         with pytest.raises(ValueError, match="repeats"):
             FailureReplay(repeats=repeats)  # type: ignore[arg-type]
 
@@ -239,6 +239,8 @@ class EpochOf:
         (3, 4, 1.0, 1.0, [0, 1, 1, 1]),
         # 2 failures over 5 batches, half a replay each: 0.2 a batch -> one row in the fifth
         (2, 5, 0.5, 1.0, [0, 0, 0, 0, 1]),
+        # 1 failure over 10 batches: ten carried tenths make the tenth batch's row
+        (1, 10, 1.0, 1.0, [0] * 9 + [1]),
     ],
 )
 def test_each_failure_is_replayed_repeats_times_an_epoch(

@@ -281,7 +281,7 @@ def follow_up_images(
         source). :func:`~dlguard.augment.object_follow_ups` names them.
 
     Raises:
-        ValueError: before any work, naming ``images``, ``masks``, ``backgrounds`` or ``workers``.
+        ValueError: before any work, naming ``images``, ``masks``, ``backgrounds``, ``removal`` or ``workers``.
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
