@@ -52,7 +52,7 @@ from typing import Any
 
 import lightning as L
 import torch
-import torchvision
+from _resnet import Normalize, resnet18_cifar
 from torch import Tensor, nn
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
 
@@ -70,14 +70,6 @@ from dlguard.zoo import ClassifierModule, pretrained
 
 ROOT = tempfile.mkdtemp(prefix="dlguard-callback-cost-")  # the callbacks' end-of-run figures land here
 atexit.register(shutil.rmtree, ROOT, ignore_errors=True)
-MEAN, STD = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
-
-
-class Normalize(nn.Module):
-    """ImageNet's normalisation, as the ResNet-18 expects its input."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        return (x - MEAN.to(x.device)) / STD.to(x.device)
 
 
 class Classifier(ClassifierModule):
@@ -153,9 +145,7 @@ def setting(model: str, val_size: int) -> tuple[nn.Module, Data, dict[str, Any],
         return pretrained("mnist_a"), Data(data.train_set, Subset(data.val_set, range(val_size))), {}, train
     scenes = SceneDataModule()
     scenes.setup()
-    net = torchvision.models.resnet18(weights=None, num_classes=10)
-    net.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
-    net.maxpool = nn.Identity()
+    net = resnet18_cifar()
     options = {"preprocess": Normalize(), "min_accuracy": None}
     val, copies = scenes.val_set, -(-val_size // len(scenes.val_set))
     copies_of_val = [val] + [val.with_backgrounds(val.kinds, seed=100 + copy) for copy in range(1, copies)]

@@ -1,7 +1,8 @@
 """Does feeding failures back pay? Each dlguard loop against the augmentations a user would use instead.
 
     python benchmarks/closed_loop.py [--setting mnist|scenes] [--seeds 0 1 2] [--epochs 6]
-                                     [--arms NAME ...] [--hda KEY=VALUE ...] [--out results.json]
+                                     [--arms NAME ...] [--out results.json]
+                                     [--hda KEY=VALUE ...] [--replay KEY=VALUE ...] [--guide KEY=VALUE ...]
 
 Every arm trains the same network from scratch on the same training split for the same epochs, with
 the same seeds (Adam 1e-3, batches of 64; the seed also seeds every callback); only what happens
@@ -64,8 +65,8 @@ from typing import Any
 
 import lightning as L
 import torch
-import torchvision
 from _corruptions import corrupt
+from _resnet import Normalize, resnet18_cifar
 from sklearn.model_selection import train_test_split
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -81,14 +82,6 @@ from dlguard.probes import ModelAdapter
 
 EPS = 0.1
 """HDACallback's default radius: the HDA controls' ball, and the judge's ε on MNIST."""
-MEAN, STD = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
-
-
-class Normalize(nn.Module):
-    """ImageNet's normalisation: the scenes' ResNet-18 expects normalised input."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        return (x - MEAN.to(x)) / STD.to(x)
 
 
 # ---- data and model -----------------------------------------------------------------------------
@@ -131,14 +124,7 @@ def scenes_setting() -> Setting:
         (scenes.images, scenes.labels)
         for scenes in (make_scenes(digits[rows], labels[rows], seed=seed) for seed, rows in enumerate(splits))
     )
-
-    def resnet18() -> nn.Module:
-        net = torchvision.models.resnet18(weights=None, num_classes=10)
-        net.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
-        net.maxpool = nn.Identity()
-        return net
-
-    return Setting(train, val, test, resnet18, preprocess=Normalize(), extra={"hda_seeds": 20}, eps=8 / 255)
+    return Setting(train, val, test, resnet18_cifar, preprocess=Normalize(), extra={"hda_seeds": 20}, eps=8 / 255)
 
 
 class Classifier(L.LightningModule):
@@ -317,20 +303,23 @@ class Arm:
     dose: Dose | None = None
 
 
-HDA_OPTIONS: dict[str, Any] = {}
-"""``--hda key=value ...``: HDACallback arguments other than its defaults (e.g. ``k=50 budget=None``)."""
+OPTIONS: dict[str, dict[str, Any]] = {"hda": {}, "replay": {}, "guide": {}}
+"""Arguments other than the defaults, from ``--hda``/``--replay``/``--guide key=value ...``: ``HDACallback``'s
+(e.g. ``k=50 budget=None``), ``FailureReplay``'s (loops and controls alike, e.g. ``repeats=None``) and
+``ErrorGuidedAugmentation``'s (e.g. ``strength=1.0``)."""
 
 
 def loop_arm(name: str, setting: Setting, seed: int) -> Arm:
     options: dict[str, Any] = {"seed": seed, "preprocess": setting.preprocess}
     bank = RecordingBank()
-    replay = FailureReplay(bank=bank, seed=seed)
+    replay = FailureReplay(bank=bank, seed=seed, **OPTIONS["replay"])
     parts: dict[str, Callable[[], tuple[L.Callback, nn.Module | None]]] = {
         "robustness": lambda: _with_guide(
-            lambda guide: RobustnessCallback(guide=guide, bank=bank, **options), ErrorGuidedAugmentation()
+            lambda guide: RobustnessCallback(guide=guide, bank=bank, **options),
+            ErrorGuidedAugmentation(**OPTIONS["guide"]),
         ),
         "dscore": lambda: _with_guide(lambda guide: DScoreCallback(guide=guide, **options), ScoreGuidedPadding()),
-        "hda": lambda: (HDACallback(bank=bank, **{**options, **HDA_OPTIONS}), None),
+        "hda": lambda: (HDACallback(bank=bank, **{**options, **OPTIONS["hda"]}), None),
         "metamorphic": lambda: (MetamorphicCallback(bank=bank, **options), None),
     }
     chosen = list(parts) if name == "dlguard" else [name]
@@ -359,7 +348,7 @@ def open_arm(name: str, setting: Setting, seed: int, dose: dict[str, Any]) -> Ar
         "hda": (pgd_cases(EPS) if variant == "pgd" else ball_noise(EPS), None),
     }[loop]
     control = OpenLoop(setting.val, generate, dose["deposits"], bank, guide=guide, strength=strength, seed=seed)
-    return Arm([control, FailureReplay(bank=bank, seed=seed)])
+    return Arm([control, FailureReplay(bank=bank, seed=seed, **OPTIONS["replay"])])
 
 
 LOOPS = ("robustness", "dscore", "hda", "metamorphic", "dlguard")
@@ -500,8 +489,11 @@ def summarise(results: dict[str, list[dict]]) -> list[str]:
                 continue
             spread = stdev(values) if len(values) > 1 else 0.0
             cells.append(f"{mean(values):.3f} ± {spread:.3f}")
-        ratio = mean(r["seconds"] for r in runs) / plain_time
-        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {ratio:.1f}x |")
+        seconds = mean(r["seconds"] for r in runs)
+        time = (
+            f"{seconds / plain_time:.1f}x" if plain_time == plain_time else f"{seconds:.1f} s"
+        )  # no plain arm: seconds
+        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {time} |")
     return lines
 
 
@@ -512,11 +504,13 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--out", type=Path, default=None, help="JSON file of every run's figures")
-    parser.add_argument("--hda", nargs="*", default=[], metavar="KEY=VALUE", help="HDACallback arguments")
+    for name in OPTIONS:
+        parser.add_argument(f"--{name}", nargs="*", default=[], metavar="KEY=VALUE", help=f"{name}'s arguments")
     args = parser.parse_args()
-    for option in args.hda:
-        key, _, value = option.partition("=")
-        HDA_OPTIONS[key] = ast.literal_eval(value)
+    for name, given in OPTIONS.items():
+        for option in getattr(args, name):
+            key, _, value = option.partition("=")
+            given[key] = ast.literal_eval(value)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     setting = mnist_setting() if args.setting == "mnist" else scenes_setting()

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from numbers import Real
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from dlguard._validation import probability
+from dlguard._validation import finite_float, probability
 from dlguard.data.batch import BatchAccessor, BatchKeys
 from dlguard.data.failure_bank import FailureBank
 
@@ -76,9 +74,7 @@ class FailureReplay(Callback):
             raise ValueError(f"bank: expected a FailureBank or None, got {type(bank).__name__}")
         self.bank = bank if bank is not None else FailureBank()
         self.fraction = probability("fraction", fraction)
-        if repeats is not None and (
-            isinstance(repeats, bool) or not isinstance(repeats, Real) or not math.isfinite(repeats) or repeats <= 0
-        ):
+        if repeats is not None and finite_float("repeats", repeats) <= 0:
             raise ValueError(
                 f"repeats: expected a positive number of replays per failure and epoch, or None, got {repeats!r}"
             )
