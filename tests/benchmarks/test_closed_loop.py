@@ -53,3 +53,18 @@ def test_the_attack_is_one() -> None:
     with torch.no_grad():
         losses = [float(torch.nn.functional.cross_entropy(net(inputs), y)) for inputs in (x, fgsm, adversarial)]
     assert losses[0] < losses[1] < losses[2]  # FGSM raises the loss, PGD's ten steps more
+
+
+@pytest.mark.parametrize("cosine", [False, True])
+def test_the_rate_decays_to_zero_only_where_the_setting_asks(setting: cl.Setting, cosine: bool) -> None:
+    # the RGB scenes judge the last epoch's model: decayed on a cosine, it is a settled one
+    few = cl.Setting((setting.train[0][:128], setting.train[1][:128]), setting.val, setting.test, setting.make_net,
+                     cosine=cosine)  # fmt: skip
+    model, _ = cl.fit("plain", few, 0, 2, {})
+    rates = [group["lr"] for group in model.trainer.optimizers[0].param_groups]
+    assert rates == ([0.0] if cosine else [1e-3])
+
+
+@pytest.mark.slow
+def test_only_the_rgb_scenes_decay_the_rate(setting: cl.Setting) -> None:
+    assert cl.scenes_setting().cosine and not cl.mnist_setting().cosine
