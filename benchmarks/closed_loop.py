@@ -6,8 +6,9 @@
                                      [--replay KEY=VALUE ...] [--guide KEY=VALUE ...] [--padding KEY=VALUE ...]
 
 ``--<callback> KEY=VALUE`` overrides that callback's defaults (e.g. ``--metamorphic budget=None``),
-``--replay``/``--guide``/``--padding`` those of ``FailureReplay``, ``ErrorGuidedAugmentation`` and
-``ScoreGuidedPadding``, in loops and controls alike. ``--accelerator gpu`` fits and judges on the GPU.
+``--replay`` those of ``FailureReplay`` (in loops and controls alike), ``--guide`` and ``--padding`` those of
+the loops' ``ErrorGuidedAugmentation`` and ``ScoreGuidedPadding``. ``--accelerator gpu`` fits and judges on
+the GPU.
 
 Every arm trains the same network from scratch on the same training split for the same epochs, with
 the same seeds (Adam 1e-3, on the RGB scenes decayed to 0 on a cosine over the epochs; batches of 64; the
@@ -343,7 +344,10 @@ budget=None``, ``--metamorphic budget=None``), ``FailureReplay``'s (loops and co
 
 
 def loop_arm(name: str, setting: Setting, seed: int) -> Arm:
-    options: dict[str, Any] = {"seed": seed, "preprocess": setting.preprocess}
+    # no preprocess: Classifier.forward normalises already, so a callback's view of the model is the model
+    # (the scenes' first GPU runs passed the setting's Normalize as well, and the loops probed the
+    # ResNet-18 through two normalisations)
+    options: dict[str, Any] = {"seed": seed}
     bank = RecordingBank()
     replay = FailureReplay(bank=bank, seed=seed, **OPTIONS["replay"])
     parts: dict[str, Callable[[], tuple[L.Callback, nn.Module | None]]] = {

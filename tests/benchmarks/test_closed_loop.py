@@ -11,6 +11,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import closed_loop as cl  # a script beside the package, not part of it
 
+from dlguard.probes import ModelAdapter
+
 
 @pytest.fixture(scope="module")
 def setting() -> cl.Setting:
@@ -62,9 +64,24 @@ def test_the_rate_decays_to_zero_only_where_the_setting_asks(setting: cl.Setting
                      cosine=cosine)  # fmt: skip
     model, _ = cl.fit("plain", few, 0, 2, {})
     rates = [group["lr"] for group in model.trainer.optimizers[0].param_groups]
-    assert rates == ([0.0] if cosine else [1e-3])
+    assert rates == pytest.approx([0.0] if cosine else [1e-3], abs=1e-12)
 
 
 @pytest.mark.slow
-def test_only_the_rgb_scenes_decay_the_rate(setting: cl.Setting) -> None:
+def test_only_the_rgb_scenes_decay_the_rate() -> None:
     assert cl.scenes_setting().cosine and not cl.mnist_setting().cosine
+
+
+def test_the_loops_see_the_model_the_judge_sees(setting: cl.Setting) -> None:
+    # a setting whose model expects normalised inputs: the Classifier normalises, and every callback of
+    # every loop must probe exactly that function, not the network behind a second normalisation
+    normalised = cl.Setting(setting.train, setting.val, setting.test, setting.make_net, preprocess=cl.Normalize())
+    model = cl.Classifier(normalised.make_net(), normalised.preprocess, None).eval()
+    x = setting.test[0][:8].expand(-1, 3, -1, -1)
+    model.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 28 * 28, 10))
+    probes = [c for c in cl.loop_arm("dlguard", normalised, 0).callbacks if hasattr(c, "preprocess")]
+    assert len(probes) == 4
+    with torch.no_grad():
+        for callback in probes:
+            seen = ModelAdapter(model, callback.preprocess, callback.output_transform).logits(x)
+            torch.testing.assert_close(seen, model(x))
