@@ -1,14 +1,16 @@
 """Does feeding failures back pay? Each dlguard loop against the augmentations a user would use instead.
 
     python benchmarks/closed_loop.py [--setting mnist|scenes] [--seeds 0 1 2] [--epochs 6]
-                                     [--arms NAME ...] [--out results.json] [--accelerator cpu|gpu]
+                                     [--arms NAME ...] [--combine LOOP ...] [--out results.json]
+                                     [--accelerator cpu|gpu]
                                      [--hda|--robustness|--metamorphic|--dscore KEY=VALUE ...]
-                                     [--replay KEY=VALUE ...] [--guide KEY=VALUE ...] [--padding KEY=VALUE ...]
+                                     [--replay|--bank|--guide|--padding KEY=VALUE ...]
 
-``--<callback> KEY=VALUE`` overrides that callback's defaults (e.g. ``--metamorphic budget=None``),
-``--replay`` those of ``FailureReplay`` (in loops and controls alike), ``--guide`` and ``--padding`` those of
-the loops' ``ErrorGuidedAugmentation`` and ``ScoreGuidedPadding``. ``--accelerator gpu`` fits and judges on
-the GPU.
+``--<callback> KEY=VALUE`` overrides that callback's defaults (e.g. ``--metamorphic budget=None``);
+``--replay`` and ``--bank`` those of ``FailureReplay`` and ``FailureBank`` (in loops and controls
+alike), ``--guide`` and ``--padding`` those of the loops' ``ErrorGuidedAugmentation`` and
+``ScoreGuidedPadding``. ``--combine`` names the loops the ``dlguard`` arm combines (default: all
+four). ``--accelerator gpu`` fits and judges on the GPU.
 
 Every arm trains the same network from scratch on the same training split for the same epochs, with
 the same seeds (Adam 1e-3, on the RGB scenes decayed to 0 on a cosine over the epochs; batches of 64; the
@@ -42,9 +44,10 @@ corruption accuracy (mCA) over fifteen albumentations corruptions at five severi
 dlguard's); each detector's own measure --
 the violation rate of metamorphic's label-preserving transformations (lower is better), local
 robustness under the robustness trio (the share of correctly classified test inputs that each
-property at each severity leaves correct), and HDA's ``R̂_g`` white-box (100 test seeds searched by
-HDA's GA, 50 x 5 with its gradient start, against the arm's own final model; the density-weighted
-share it still gets right) --;
+property at each severity leaves correct), D-Score (``v_fitness − v_robust`` over region-deletion
+mutants and padding translations of the test split; higher is better), and HDA's ``R̂_g`` white-box
+(100 test seeds searched by HDA's GA, 50 x 5 with its gradient start, against the arm's own final
+model; the density-weighted share it still gets right) --;
 and the fit's wall time, over ``plain``'s. Mean ± standard deviation over the seeds.
 
 Settings: ``mnist`` is ``mnist_a`` on the embedded MNIST (3,500 training, 1,000 validation, 500
@@ -83,8 +86,8 @@ from dlguard.augment import ErrorGuidedAugmentation, ScoreGuidedPadding, default
 from dlguard.callbacks import DScoreCallback, FailureReplay, HDACallback, MetamorphicCallback, RobustnessCallback
 from dlguard.data import FailureBank, make_scenes
 from dlguard.data.mnist import embedded_mnist
-from dlguard.generate import PCADistribution, hda_test, pgd
-from dlguard.metrics import EmpiricalGlobalRobustness
+from dlguard.generate import PCADistribution, dscore_test, hda_test, pgd
+from dlguard.metrics import DScore, EmpiricalGlobalRobustness
 from dlguard.probes import ModelAdapter
 
 EPS = 0.1
@@ -205,8 +208,8 @@ STANDARD = {
 class RecordingBank(FailureBank):
     """A bank that remembers how many failures each validation deposited (the loop's dose)."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
         self.epoch = -1
         self.deposits: dict[int, int] = {}
 
@@ -335,12 +338,14 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "metamorphic": {},
     "dscore": {},
     "replay": {},
+    "bank": {},
     "guide": {},
     "padding": {},
 }
 """Arguments other than the defaults, from ``--<name> key=value ...``: the callbacks' (e.g. ``--hda k=50
-budget=None``, ``--metamorphic budget=None``), ``FailureReplay``'s (loops and controls alike, e.g.
-``repeats=None``), ``ErrorGuidedAugmentation``'s (``--guide strength=1.0``) and ``ScoreGuidedPadding``'s."""
+budget=None``, ``--metamorphic budget=None``), ``FailureReplay``'s and ``FailureBank``'s (loops and controls
+alike, e.g. ``--replay repeats=None``, ``--bank capacity=1024``), ``ErrorGuidedAugmentation``'s (``--guide
+strength=1.0``) and ``ScoreGuidedPadding``'s."""
 
 
 def loop_arm(name: str, setting: Setting, seed: int) -> Arm:
@@ -348,7 +353,7 @@ def loop_arm(name: str, setting: Setting, seed: int) -> Arm:
     # (the scenes' first GPU runs passed the setting's Normalize as well, and the loops probed the
     # ResNet-18 through two normalisations)
     options: dict[str, Any] = {"seed": seed}
-    bank = RecordingBank()
+    bank = RecordingBank(**OPTIONS["bank"])
     replay = FailureReplay(bank=bank, seed=seed, **OPTIONS["replay"])
     parts: dict[str, Callable[[], tuple[L.Callback, nn.Module | None]]] = {
         "robustness": lambda: _with_guide(
@@ -362,7 +367,7 @@ def loop_arm(name: str, setting: Setting, seed: int) -> Arm:
         "hda": lambda: (HDACallback(bank=bank, **{**options, **OPTIONS["hda"]}), None),
         "metamorphic": lambda: (MetamorphicCallback(bank=bank, **{**options, **OPTIONS["metamorphic"]}), None),
     }
-    chosen = list(parts) if name == "dlguard" else [name]
+    chosen = (COMBINED or list(parts)) if name == "dlguard" else [name]
     made = [parts[part]() for part in chosen]
     callbacks = [callback for callback, _ in made]
     guide_owner = next(((c, g) for c, g in made if g is not None), (None, None))
@@ -377,7 +382,7 @@ def _with_guide(make: Callable[[nn.Module], L.Callback], guide: nn.Module) -> tu
 
 def open_arm(name: str, setting: Setting, seed: int, dose: dict[str, Any]) -> Arm:
     loop, _, variant = name.partition("-")
-    bank = FailureBank()
+    bank = FailureBank(**OPTIONS["bank"])
     strength = dose["strength"]
     if loop == "dscore":  # the guide is the dose: p pads with probability p by a ratio p, so match the mean p²
         guide = ScoreGuidedPadding(p=math.sqrt(mean(p * p for p in strength)) if strength else 0.0)
@@ -392,6 +397,8 @@ def open_arm(name: str, setting: Setting, seed: int, dose: dict[str, Any]) -> Ar
 
 
 LOOPS = ("robustness", "dscore", "hda", "metamorphic", "dlguard")
+COMBINED: list[str] = []
+"""The loops the ``dlguard`` arm combines (``--combine``); empty: all four."""
 CONTROLS = ("robustness-open", "dscore-open", "hda-open", "hda-pgd", "metamorphic-open")
 ARMS = ("plain", *STANDARD, *LOOPS, *CONTROLS)
 
@@ -440,6 +447,14 @@ def local_robustness(model: nn.Module, x: Tensor, y: Tensor) -> float:
     return float(torch.stack(kept).mean())
 
 
+def d_score_of(model: nn.Module, x: Tensor, y: Tensor) -> float:
+    """D-Score (SPEC §1, ``n = 3``, ``t = 5``: the callback's defaults) of ``model`` on ``x``; higher is better."""
+    run = dscore_test(model, x, y)
+    metric = DScore(3, run.num_classes).to(run.logits.device)
+    metric.update(run.logits, run.mutant_logits, run.translated_logits, run.target)
+    return float(metric.compute().d_score)
+
+
 def hda_robustness(model: Classifier, setting: Setting, distribution: PCADistribution, seed: int) -> float:
     """HDA's own measure, white-box: ``R̂_g`` of the model on the test cases HDA's search finds against it.
 
@@ -469,6 +484,7 @@ def judge(model: Classifier, setting: Setting, corrupted: dict[str, Tensor], dis
     scores["pgd"] = float((predict(model, attack(model, x, y, setting.eps, 10)) == y).float().mean())
     scores["violation_rate"] = violation_rate(model, x)
     scores["local_robustness"] = local_robustness(model, x, y)
+    scores["d_score"] = d_score_of(model, x, y)
     scores["R_g"] = hda_robustness(model, setting, distribution, 0)
     return scores
 
@@ -524,7 +540,7 @@ def fit(
 
 def summarise(results: dict[str, list[dict]]) -> list[str]:
     plain_time = mean(r["seconds"] for r in results["plain"]) if "plain" in results else float("nan")
-    columns = ("clean", "mCA", "fgsm", "pgd", "violation_rate", "local_robustness", "R_g")
+    columns = ("clean", "mCA", "fgsm", "pgd", "violation_rate", "local_robustness", "d_score", "R_g")
     lines = ["| arm | " + " | ".join(columns) + " | fit time |", "|---" * (len(columns) + 2) + "|"]
     for arm, runs in results.items():
         cells = []
@@ -550,10 +566,12 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--out", type=Path, default=None, help="JSON file of every run's figures")
+    parser.add_argument("--combine", nargs="+", choices=LOOPS[:-1], default=[], help="the dlguard arm's loops")
     parser.add_argument("--accelerator", choices=("cpu", "gpu"), default="cpu", help="where fits and judging run")
     for name in OPTIONS:
         parser.add_argument(f"--{name}", nargs="*", default=[], metavar="KEY=VALUE", help=f"{name}'s arguments")
     args = parser.parse_args()
+    COMBINED[:] = args.combine
     for name, given in OPTIONS.items():
         for option in getattr(args, name):
             key, _, value = option.partition("=")
@@ -577,7 +595,8 @@ def main() -> None:
             extra = f", replayed {record['replayed']}" if "replayed" in record else ""
             print(f"seed {seed} {arm:>16}: clean {record['clean']:.3f} mCA {record['mCA']:.3f} "
                   f"fgsm {record['fgsm']:.3f} pgd {record['pgd']:.3f} viol {record['violation_rate']:.3f} "
-                  f"LR {record['local_robustness']:.3f} R_g {record['R_g']:.3f} {record['seconds']:.0f} s{extra}",
+                  f"LR {record['local_robustness']:.3f} D {record['d_score']:.3f} R_g {record['R_g']:.3f} "
+                  f"{record['seconds']:.0f} s{extra}",
                   flush=True)  # fmt: skip
             for said in record["warnings"]:
                 print(f"    warned: {said}")

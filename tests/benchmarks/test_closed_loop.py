@@ -85,3 +85,17 @@ def test_the_loops_see_the_model_the_judge_sees(setting: cl.Setting) -> None:
         for callback in probes:
             seen = ModelAdapter(model, callback.preprocess, callback.output_transform).logits(x)
             torch.testing.assert_close(seen, model(x))
+
+
+def test_options_reach_the_callbacks_and_combine_picks_the_loops(
+    setting: cl.Setting, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(cl.OPTIONS, "metamorphic", {"budget": None})
+    monkeypatch.setitem(cl.OPTIONS, "bank", {"capacity": 1024})
+    monkeypatch.setattr(cl, "COMBINED", ["metamorphic", "hda"])
+    callbacks = cl.loop_arm("dlguard", setting, 0).callbacks
+    probes = {type(c).__name__: c for c in callbacks if hasattr(c, "preprocess")}
+    assert set(probes) == {"MetamorphicCallback", "HDACallback"}
+    assert probes["MetamorphicCallback"].budget is None and probes["HDACallback"].budget == 0.15
+    (replay,) = [c for c in callbacks if isinstance(c, cl.FailureReplay)]
+    assert replay.bank.capacity == 1024 and replay.bank is probes["HDACallback"].bank
