@@ -287,7 +287,9 @@ class OpenLoop(L.Callback):
         if trainer.sanity_checking or not count or self.generate is None or self.bank is None:
             return
         inputs, labels = self.source
-        rows = torch.randperm(len(labels), generator=self.generator)[:count]
+        # as many as the loop deposited, even beyond the split (each input again, through another random case)
+        rounds = -(-count // len(labels))
+        rows = torch.cat([torch.randperm(len(labels), generator=self.generator) for _ in range(rounds)])[:count]
         with torch.random.fork_rng(devices=[]):  # the cases' own draws: training's RNG goes on as in the loop's run
             torch.manual_seed(int(torch.randint(2**31, (1,), generator=self.generator)))
             cases = self.generate(inputs[rows], labels[rows], pl_module)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -99,3 +100,15 @@ def test_options_reach_the_callbacks_and_combine_picks_the_loops(
     assert probes["MetamorphicCallback"].budget is None and probes["HDACallback"].budget == 0.15
     (replay,) = [c for c in callbacks if isinstance(c, cl.FailureReplay)]
     assert replay.bank.capacity == 1024 and replay.bank is probes["HDACallback"].bank
+
+
+def test_a_control_deposits_as_many_as_its_loop_even_beyond_the_split() -> None:
+    # a loop measuring every epoch can deposit more failures than the validation split has inputs
+    source = (torch.rand(10, 1, 8, 8), torch.arange(10))
+    bank = cl.FailureBank(capacity=100)
+    control = cl.OpenLoop(source, lambda x, y, model: x, {"0": 25}, bank)
+    trainer = SimpleNamespace(current_epoch=0, sanity_checking=False)
+    control.on_validation_epoch_end(trainer, torch.nn.Identity())
+    assert control.deposited == {"0": 25} and len(bank) == 25
+    # every input twice before any a third time: whole passes over the split, then part of one more
+    assert sorted(torch.bincount(bank.labels("open-loop"), minlength=10).tolist()) == [2] * 5 + [3] * 5
