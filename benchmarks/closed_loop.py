@@ -287,7 +287,7 @@ class OpenLoop(L.Callback):
         if trainer.sanity_checking or not count or self.generate is None or self.bank is None:
             return
         inputs, labels = self.source
-        # as many as the loop deposited, even beyond the split (each input again, through another random case)
+        # as many as the loop deposited, even beyond the split: whole passes over it, then part of one more
         rounds = -(-count // len(labels))
         rows = torch.cat([torch.randperm(len(labels), generator=self.generator) for _ in range(rounds)])[:count]
         with torch.random.fork_rng(devices=[]):  # the cases' own draws: training's RNG goes on as in the loop's run
@@ -369,7 +369,7 @@ def loop_arm(name: str, setting: Setting, seed: int) -> Arm:
         "hda": lambda: (HDACallback(bank=bank, **{**options, **OPTIONS["hda"]}), None),
         "metamorphic": lambda: (MetamorphicCallback(bank=bank, **{**options, **OPTIONS["metamorphic"]}), None),
     }
-    chosen = (COMBINED or list(parts)) if name == "dlguard" else [name]
+    chosen = (list(dict.fromkeys(COMBINED)) or list(parts)) if name == "dlguard" else [name]
     made = [parts[part]() for part in chosen]
     callbacks = [callback for callback, _ in made]
     guide_owner = next(((c, g) for c, g in made if g is not None), (None, None))

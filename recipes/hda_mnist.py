@@ -354,7 +354,7 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
         "",
         "Inside fit -- HDACallback + FailureReplay() (each AE about once an epoch), 20 seeds per validation epoch",
         "",
-        "| epoch | AE prop. | J | R̂_g (held-out) | seed density | bank |",
+        "| epoch | AE prop. | J | R̂_g (held-out) | seed density | bank after the fit |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for row in results["inside_fit"]:

@@ -12,6 +12,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import closed_loop as cl  # a script beside the package, not part of it
 
+from dlguard.callbacks.base import DEFAULT_BUDGET
+from dlguard.generate import dscore_test
+from dlguard.metrics.functional import d_score
 from dlguard.probes import ModelAdapter
 
 
@@ -97,7 +100,7 @@ def test_options_reach_the_callbacks_and_combine_picks_the_loops(
     callbacks = cl.loop_arm("dlguard", setting, 0).callbacks
     probes = {type(c).__name__: c for c in callbacks if hasattr(c, "preprocess")}
     assert set(probes) == {"MetamorphicCallback", "HDACallback"}
-    assert probes["MetamorphicCallback"].budget is None and probes["HDACallback"].budget == 0.15
+    assert probes["MetamorphicCallback"].budget is None and probes["HDACallback"].budget == DEFAULT_BUDGET
     (replay,) = [c for c in callbacks if isinstance(c, cl.FailureReplay)]
     assert replay.bank.capacity == 1024 and replay.bank is probes["HDACallback"].bank
 
@@ -112,3 +115,26 @@ def test_a_control_deposits_as_many_as_its_loop_even_beyond_the_split() -> None:
     assert control.deposited == {"0": 25} and len(bank) == 25
     # every input twice before any a third time: whole passes over the split, then part of one more
     assert sorted(torch.bincount(bank.labels("open-loop"), minlength=10).tolist()) == [2] * 5 + [3] * 5
+
+
+def test_below_the_split_a_control_draws_one_permutation_of_it() -> None:
+    source = (torch.rand(10, 1, 8, 8), torch.arange(10))
+    bank = cl.FailureBank(capacity=100)
+    control = cl.OpenLoop(source, lambda x, y, model: x, {"0": 6}, bank, seed=3)
+    control.on_validation_epoch_end(SimpleNamespace(current_epoch=0, sanity_checking=False), torch.nn.Identity())
+    rows = torch.randperm(10, generator=torch.Generator().manual_seed(3))[:6]
+    assert torch.equal(bank.labels("open-loop"), rows) and torch.equal(bank.inputs("open-loop"), source[0][rows])
+
+
+def test_the_judge_s_d_score_translates_pixels_before_the_normalisation(setting: cl.Setting) -> None:
+    # the judged Classifier normalises in forward; D-Score must equal the one of its network behind
+    # preprocess, with accuracies recomputed here from the run's logits and the functional formula
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.LazyLinear(10))
+    x, y = setting.test[0][:32].expand(-1, 3, -1, -1).contiguous(), setting.test[1][:32]
+    model = cl.Classifier(net, cl.Normalize(), None).eval()
+    model(x)  # materialise the lazy layer
+    run = dscore_test(ModelAdapter(net, preprocess=cl.Normalize()), x, y)
+    accuracy = lambda logits: (logits.argmax(-1) == run.target).double().mean(-1)  # noqa: E731
+    expected = d_score(accuracy(run.logits), accuracy(run.mutant_logits), accuracy(run.translated_logits), 10)
+    assert cl.d_score_of(model, x, y) == pytest.approx(float(expected.d_score), abs=1e-9)
