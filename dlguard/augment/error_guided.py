@@ -25,12 +25,16 @@ class ErrorGuidedAugmentation(nn.Module):
     :class:`~dlguard.callbacks.RobustnessCallback` updates it after every measurement and applies
     it to training batches on the device; standalone, call ``aug(images, labels)``.
 
-    No host sync on the training path: each property is applied to the whole batch and kept where
-    chosen (``torch.where``), and the checks that read values (labels within the proposal's
-    classes, inputs in range) run on the first call after :meth:`set_proposal` (or a loaded state)
-    only. Properties whose op groups inputs by value (the blurs' per-sample kernel sizes, rain's
-    drop count) still sync inside the op; the default trio does not. Keyed properties draw from
-    the global RNG here (no keys on the training path).
+    No host sync on an accelerator's training path: each property is applied to the whole batch and
+    kept where chosen (``torch.where``), and the checks that read values (labels within the
+    proposal's classes, inputs in range) run on the first call after :meth:`set_proposal` (or a loaded
+    state) only. Properties whose op groups inputs by value (the blurs' per-sample kernel sizes, rain's
+    drop count) still sync inside the op; the default trio does not. On the CPU, where reading a value
+    costs nothing, each property transforms only the rows that drew it (``rows_only``): at the small
+    probabilities a proposal gives most cells, that saves most of the work (the nine label-preserving
+    properties at probability 0.03 on ``mnist_a``'s batches of 64 cost 3 ms a batch on the whole batch,
+    about what the training step costs). Keyed properties draw from the global RNG here (no keys on
+    the training path).
 
     **Strength.** An error summary's proposal gives its weakest class x property cell probability 1:
     applied as it stands, every training sample of that class is perturbed, often by several
@@ -46,6 +50,9 @@ class ErrorGuidedAugmentation(nn.Module):
         properties: the properties the proposal's columns refer to (default:
             :func:`~dlguard.augment.default_properties`).
         strength: the probability of the weakest cell, in ``[0, 1]``, the proposal's scale.
+        rows_only: transform only the rows that drew a property (``True``; a host sync per property) or
+            the whole batch, keeping the chosen rows (``False``); ``None``: ``True`` on the CPU only.
+            Deterministic properties give the same images either way.
 
     Example:
         >>> import torch
@@ -61,9 +68,14 @@ class ErrorGuidedAugmentation(nn.Module):
     level_table: Tensor
     level_counts: Tensor
 
-    def __init__(self, properties: Sequence[Property] | None = None, strength: float = 0.5) -> None:
+    def __init__(
+        self, properties: Sequence[Property] | None = None, strength: float = 0.5, rows_only: bool | None = None
+    ) -> None:
         super().__init__()
         self.strength = probability("strength", strength)
+        if rows_only is not None and not isinstance(rows_only, bool):
+            raise ValueError(f"rows_only: expected True, False or None, got {rows_only!r}")
+        self.rows_only = rows_only
         self.properties = list(properties) if properties is not None else default_properties()
         if not self.properties or not all(isinstance(p, Property) for p in self.properties):
             raise ValueError(f"properties: expected at least one Property, got {self.properties!r}")
@@ -102,13 +114,13 @@ class ErrorGuidedAugmentation(nn.Module):
             raise ValueError(f"labels: expected shape ({images.shape[0]},), got {tuple(labels.shape)}")
         if self._check_pending:  # a new proposal: check labels and, through the ops, the inputs, once
             check_labels("labels", labels, num_classes=self.proposal.shape[0])
-            out = self._augment(images, labels)
+            out = self._augment(images, labels, rows_only=False)  # every input goes through the ops' checks
             self._check_pending = False
             return out
         with values_trusted():
             return self._augment(images, labels)
 
-    def _augment(self, images: Tensor, labels: Tensor) -> Tensor:
+    def _augment(self, images: Tensor, labels: Tensor, rows_only: bool | None = None) -> Tensor:
         device = images.device
         chances = self.strength * self.proposal.to(device)[labels.to(device).long()]  # (B, properties)
         chosen = torch.rand(chances.shape, device=device) < chances
@@ -117,6 +129,14 @@ class ErrorGuidedAugmentation(nn.Module):
         picks = torch.minimum(picks, self.level_counts.to(device) - 1)
         levels = self.level_table.to(device=device, dtype=images.dtype).T.gather(0, picks)  # (B, properties)
         out = images
+        rows_only = self.rows_only if rows_only is None else rows_only
+        if rows_only or (rows_only is None and device.type == "cpu"):
+            for index, prop in enumerate(self.properties):
+                rows = chosen[:, index].nonzero().flatten()
+                if len(rows):
+                    out = out.clone() if out is images else out  # the caller's batch stays as it was
+                    out[rows] = prop(out[rows], levels[rows, index])
+            return out
         shape = (-1, *([1] * (images.ndim - 1)))
         for index, prop in enumerate(self.properties):
             out = torch.where(chosen[:, index].reshape(shape), prop(out, levels[:, index]), out)

@@ -5,7 +5,7 @@ import pickle
 import pytest
 import torch
 
-from dlguard.augment import ErrorGuidedAugmentation, Property, default_properties
+from dlguard.augment import ErrorGuidedAugmentation, Property, default_properties, label_preserving_properties
 
 from .conftest import HostSyncRecorder
 
@@ -48,7 +48,7 @@ def test_the_recorder_sees_every_kind_of_sync(host_syncs: type[HostSyncRecorder]
 @pytest.mark.parametrize("properties", [default_properties(), _counting_properties()], ids=["default", "counting"])
 def test_no_host_sync_after_the_first_call(host_syncs: type[HostSyncRecorder], properties: list[Property]) -> None:
     torch.manual_seed(0)
-    aug = ErrorGuidedAugmentation(properties=properties)
+    aug = ErrorGuidedAugmentation(properties=properties, rows_only=False)  # an accelerator's path
     aug.set_proposal(torch.full((10, len(properties)), 0.5))
     images, labels = torch.rand(32, 1, 16, 16), torch.randint(10, (32,))
     with host_syncs() as first:
@@ -61,6 +61,31 @@ def test_no_host_sync_after_the_first_call(host_syncs: type[HostSyncRecorder], p
         assert out.shape == (32, 1, 16, 16)
 
 
+@pytest.mark.parametrize("strength", [0.1, 1.0])
+def test_only_the_chosen_rows_give_the_whole_batch_s_images(strength: float) -> None:
+    # the CPU's path (rows_only) against the accelerator's, on the same draws: deterministic properties
+    # transform a row the same whether it goes alone or with its batch
+    properties = [p for p in label_preserving_properties() if p.deterministic]
+    proposal = torch.rand(3, len(properties), generator=torch.Generator().manual_seed(1))
+    images, labels = torch.rand(40, 1, 12, 12), torch.arange(40) % 3
+    before = images.clone()
+    outs = []
+    for rows_only in (True, False):
+        aug = ErrorGuidedAugmentation(properties, strength=strength, rows_only=rows_only)
+        aug.set_proposal(proposal)
+        aug(images, labels)  # the checked call, on the whole batch either way
+        torch.manual_seed(0)
+        outs.append(aug(images, labels))
+    torch.testing.assert_close(outs[0], outs[1])
+    assert torch.equal(images, before)  # the caller's batch is not written
+    changed = (outs[0] != images).flatten(1).any(1).float().mean()
+    assert 0 < float(changed) <= 1
+    aug = ErrorGuidedAugmentation(properties, rows_only=True)
+    aug.set_proposal(torch.zeros(3, len(properties)))  # nothing chosen: the images themselves
+    aug(images, labels)
+    assert aug(images, labels) is images
+
+
 def test_labels_and_inputs_are_checked_after_each_new_proposal() -> None:
     aug = ErrorGuidedAugmentation()
     aug.set_proposal(torch.full((3, 3), 0.5))
@@ -69,6 +94,10 @@ def test_labels_and_inputs_are_checked_after_each_new_proposal() -> None:
         aug(images, torch.tensor([0, 1, 2, 5]))
     with pytest.raises(ValueError, match=r"images: expected values in \[0, 1\]"):
         aug(images * 255, torch.tensor([0, 1, 2, 2]))
+    rare = ErrorGuidedAugmentation(rows_only=True)
+    rare.set_proposal(torch.zeros(3, 3))  # no row draws a property, yet the first call checks every input
+    with pytest.raises(ValueError, match=r"images: expected values in \[0, 1\]"):
+        rare(images * 255, torch.tensor([0, 1, 2, 2]))
     aug(images, torch.tensor([0, 1, 2, 2]))  # checked once; later batches are not read
     aug.set_proposal(torch.full((2, 3), 0.5))  # fewer classes: label 2 is out of range again
     with pytest.raises(ValueError, match=r"labels: expected labels in \[0, 2\)"):
@@ -149,6 +178,8 @@ def test_bad_arguments() -> None:
         ErrorGuidedAugmentation(properties=[])
     with pytest.raises(ValueError, match="strength"):
         ErrorGuidedAugmentation(strength=1.5)
+    with pytest.raises(ValueError, match="rows_only: expected True, False or None, got 1"):
+        ErrorGuidedAugmentation(rows_only=1)  # type: ignore[arg-type]
     aug = ErrorGuidedAugmentation()
     with pytest.raises(ValueError, match=r"proposal: expected \(classes, 3\)"):
         aug.set_proposal([[0.5, 0.5]])
