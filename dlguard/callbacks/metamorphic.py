@@ -10,7 +10,9 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from dlguard._distributed import all_sum
 from dlguard._validation import optional_positive_int, positive_int
+from dlguard.augment.error_guided import ErrorGuidedAugmentation
 from dlguard.augment.presets import property_preset
 from dlguard.augment.properties import Property, check_properties, check_property_inputs
 from dlguard.callbacks.base import ProbeCallback, ProbeOptions
@@ -22,6 +24,47 @@ from dlguard.metrics.metamorphic import MetamorphicViolations
 from dlguard.utilities.plot import plot_image_grid
 
 __all__ = ["MetamorphicCallback"]
+
+
+def _violation_proposal(
+    outputs: Tensor, transformed: Mapping[str, Tensor], target: Tensor, properties: Sequence[Property]
+) -> list[list[float]]:
+    """``proposal[class][property]`` for :class:`~dlguard.augment.ErrorGuidedAugmentation` from a classification run.
+
+    ``outputs`` are the logits ``(B, K)`` of the sources, ``transformed[name]`` those at every level of
+    the property, ``(L, B, K)`` (a :class:`~dlguard.generate.MetamorphicRun`'s), ``target`` the true
+    labels. A cell is the share of the class's transformed probe inputs (every level of the property)
+    whose predicted label differs from their source's, the class being the sources' true label. A probe set
+    holds few inputs of each class (16 over ten classes at the default budget), so each class's count
+    is shrunk towards the property's rate over all classes by one pseudo-input at that rate: a class
+    without probe inputs gets the property's rate, and one input that happened to flip once does not
+    outweigh the rest. As in an error summary's proposal, the cells are scaled so that the weakest is
+    1 (all 0 without a violation). Counts are summed over every process first, so all agree.
+
+    Example:
+        >>> import torch
+        >>> from dlguard.augment import Property
+        >>> prop = Property("shift", lambda x, level: x, (1.0, 2.0), needs_images=False, value_range=None)
+        >>> source = torch.tensor([[2.0, 0.0], [0.0, 2.0]])  # class 0 and class 1, both right
+        >>> flipped = torch.stack([torch.tensor([[0.0, 2.0], [0.0, 2.0]]), source])  # level 1 flips class 0
+        >>> proposal = _violation_proposal(source, {"shift": flipped}, torch.tensor([0, 1]), [prop])
+        >>> # the property's rate 1/4; class 0: (1 + 0.25 x 2) / (2 x 2) = 0.375, class 1: 0.5 / 4; over the largest
+        >>> [[round(v, 3) for v in row] for row in proposal]
+        [[1.0], [0.333]]
+    """
+    classes = outputs.shape[1]
+    members = torch.nn.functional.one_hot(target.long(), classes).to(torch.float64)  # (B, C)
+    source = outputs.argmax(-1)
+    flips = torch.stack(
+        [(transformed[p.name].argmax(-1) != source).to(torch.float64).sum(0) for p in properties], 1
+    )  # (B, P): how many of each source's levels flip
+    counts = all_sum(torch.cat([(members.T @ flips).flatten(), members.sum(0)]))
+    violations, inputs = counts[: classes * len(properties)].view(classes, -1), counts[classes * len(properties) :]
+    levels = torch.tensor([len(p.levels) for p in properties], dtype=torch.float64, device=counts.device)
+    overall = violations.sum(0) / (inputs.sum() * levels).clamp(min=1)  # (P,) each property's rate
+    rates = (violations + overall * levels) / ((inputs[:, None] + 1) * levels)
+    top = float(rates.max())
+    return (rates / top if top > 0 else rates).tolist()
 
 
 class MetamorphicCallback(ProbeCallback):
@@ -50,7 +93,18 @@ class MetamorphicCallback(ProbeCallback):
     inputs about one validation in four; to feed back, give it the budget to measure every epoch
     (``budget=None``: on ``mnist_a`` the loop then leaves a violation rate of 0.055, against 0.093 after
     random transformations at the same dose, and lifts corruption accuracy 3.7 points over plain training, at
-    about 2x its fit time; README, "Does feeding failures back pay?"). The model runs in
+    about 2x its fit time; README, "Does feeding failures back pay?").
+
+    With a ``guide`` (classification), each measurement also tells which transformations fail for which
+    class: the guide, an :class:`~dlguard.augment.ErrorGuidedAugmentation` over the same properties,
+    takes each class's violation rate under each property (over its levels, shrunk towards the
+    property's rate over all classes by one pseudo-input, since a probe set holds few inputs of a class;
+    the weakest cell scaled to 1) and from then on transforms every training batch by it, so the
+    feedback reaches the whole training set, not only the probe inputs that failed. On ``mnist_a`` at the
+    default budget it lowers the violation rate to 0.048 ± 0.004, against 0.054 ± 0.002 for the same
+    transformations at the same mean strength spread evenly over classes and properties; the even spread
+    gives the better corruption accuracy (0.921 against 0.915), so for robustness beyond the relation's
+    own transformations leave the guide out (README, "Does feeding failures back pay?"). The model runs in
     eval mode without gradients and is left exactly as found. See
     :class:`~dlguard.callbacks.ProbeCallback` for the schedule and the arguments every dlguard
     callback takes.
@@ -76,6 +130,8 @@ class MetamorphicCallback(ProbeCallback):
         probe_size: inputs in the probe set (over all processes).
         bank: a :class:`~dlguard.data.FailureBank` receiving the violations, or ``None``.
         gallery: violations shown in the gallery.
+        guide: an :class:`~dlguard.augment.ErrorGuidedAugmentation` over the same properties, or ``None``
+            (classification only).
         max_batch: inputs per forward pass (``None``: a memory budget, :func:`~dlguard.probes.default_max_batch`).
         **options: ``every_n_epochs``, ``preprocess``, ``output_transform`` (to logits, or to predictions for
             regression), ``batch_keys``, ``dataloader_idx``, ``seed``, ``start_epoch``, ``min_accuracy``,
@@ -108,11 +164,19 @@ class MetamorphicCallback(ProbeCallback):
         probe_size: int = 256,
         bank: FailureBank | None = None,
         gallery: int = 8,
+        guide: ErrorGuidedAugmentation | None = None,
         max_batch: int | None = None,
         **options: Unpack[ProbeOptions],
     ) -> None:
         self.properties = check_properties(property_preset(properties) if isinstance(properties, str) else properties)
         check_relation(task, lam, epsilon)
+        if guide is not None and not isinstance(guide, ErrorGuidedAugmentation):
+            raise ValueError(f"guide: expected an ErrorGuidedAugmentation or None, got {type(guide).__name__}")
+        if guide is not None and task != "classification":
+            raise ValueError(f"guide: needs task='classification' (its proposal is per class), got task={task!r}")
+        names = [p.name for p in self.properties]
+        if guide is not None and [p.name for p in guide.properties] != names:
+            raise ValueError(f"guide: its properties {[p.name for p in guide.properties]} must be {names}")
         positive_int("probe_size", probe_size)
         positive_int("gallery", gallery, minimum=0)
         optional_positive_int("max_batch", max_batch)
@@ -121,6 +185,9 @@ class MetamorphicCallback(ProbeCallback):
         self.task: Task = task
         self.lam, self.epsilon = float(lam), float(epsilon)
         self.probe_size, self.bank, self.gallery, self.max_batch = probe_size, bank, gallery, max_batch
+        self.guide = guide
+        self.proposal: list[list[float]] | None = None
+        """The guide's latest ``[class][property]`` probabilities (``_violation_proposal``), or ``None``."""
         self._gallery: tuple[Tensor, list[str]] | None = None
 
     @property
@@ -146,6 +213,9 @@ class MetamorphicCallback(ProbeCallback):
 
     def _properties(self) -> Sequence[Property]:
         return self.properties
+
+    def _guide_ready(self) -> bool:
+        return self.proposal is not None
 
     def _check_batch(self, inputs: Tensor, target: Tensor) -> None:
         check_property_inputs(self.properties, inputs)
@@ -176,6 +246,9 @@ class MetamorphicCallback(ProbeCallback):
         record, logged = self._summarise(metric.compute(), run.mse_orig)  # sums over every process
         if self.bank is not None and stage == "validation" and len(run.failures):
             self.bank.add(*run.failures, origin="metamorphic")
+        if self.guide is not None and stage == "validation":
+            self.proposal = _violation_proposal(run.outputs, run.transformed_outputs, run.target, self.properties)
+            self.guide.set_proposal(self.proposal)
         self._gallery = self._gallery_of(run)
         return record, logged
 
@@ -206,6 +279,16 @@ class MetamorphicCallback(ProbeCallback):
         if mse_orig is not None:
             record["mse_orig"] = logged["metamorphic/mse_orig"] = mse_orig
         return record, logged
+
+    # ---- checkpointing -------------------------------------------------------------------------
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"proposal": self.proposal}
+
+    def _load_extra_state(self, state: Mapping[str, Any]) -> None:
+        self.proposal = state.get("proposal")
+        if self.guide is not None and self.proposal is not None:
+            self.guide.set_proposal(self.proposal)
 
     # ---- figures -------------------------------------------------------------------------------
 
