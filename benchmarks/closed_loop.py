@@ -1,16 +1,19 @@
 """Does feeding failures back pay? Each dlguard loop against the augmentations a user would use instead.
 
-    python benchmarks/closed_loop.py [--setting mnist|scenes] [--seeds 0 1 2] [--epochs 6]
+    python benchmarks/closed_loop.py [--setting mnist|scenes|spurious] [--seeds 0 1 2] [--epochs 6]
                                      [--arms NAME ...] [--combine LOOP ...] [--out results.json]
                                      [--accelerator cpu|gpu]
-                                     [--hda|--robustness|--metamorphic|--dscore KEY=VALUE ...]
+                                     [--hda|--robustness|--metamorphic|--dscore|--relevancy KEY=VALUE ...]
                                      [--replay|--bank|--guide|--padding KEY=VALUE ...]
+                                     [--violation_guide [KEY=VALUE ...]]
 
 ``--<callback> KEY=VALUE`` overrides that callback's defaults (e.g. ``--metamorphic budget=None``);
 ``--replay`` and ``--bank`` those of ``FailureReplay`` and ``FailureBank`` (in loops and controls
 alike), ``--guide`` and ``--padding`` those of the loops' ``ErrorGuidedAugmentation`` and
-``ScoreGuidedPadding``. ``--combine`` names the loops the ``dlguard`` arm combines (default: all
-four). ``--accelerator gpu`` fits and judges on the GPU.
+``ScoreGuidedPadding``. ``--violation_guide`` gives the metamorphic loop a guide as well (an
+``ErrorGuidedAugmentation`` over its properties, set from each class's violation rates; its control
+then applies those transformations at the loop's mean strength). ``--combine`` names the loops the
+``dlguard`` arm combines (default: all of the setting's). ``--accelerator gpu`` fits and judges on the GPU.
 
 Every arm trains the same network from scratch on the same training split for the same epochs, with
 the same seeds (Adam 1e-3, on the RGB scenes decayed to 0 on a cosine over the epochs; batches of 64; the
@@ -22,7 +25,9 @@ to the training batches differs:
 - each dlguard loop at its defaults, its measurements on a validation split: ``robustness``
   (``RobustnessCallback`` + ``ErrorGuidedAugmentation`` + ``FailureReplay``), ``dscore``
   (``DScoreCallback`` + ``ScoreGuidedPadding``), ``hda`` (``HDACallback`` + ``FailureReplay``),
-  ``metamorphic`` (``MetamorphicCallback`` + ``FailureReplay``), and ``dlguard`` (all four on one bank);
+  ``metamorphic`` (``MetamorphicCallback`` + ``FailureReplay``), on the scenes ``relevancy``
+  (``ObjectRelevancyCallback`` + ``FailureReplay``: each unreliable inference's digit on ten fresh
+  backgrounds), and ``dlguard`` (all of them on one bank);
 - each loop's open-loop control, ``<loop>-open``: the same generator's test cases, *not* chosen by
   detection, at the same dose. The loop's run is recorded -- how many failures it deposited at
   which validation, its replay fraction, its guide's strength in each epoch -- and the control
@@ -35,7 +40,8 @@ to the training batches differs:
   generators: the robustness trio at random severities; metamorphic's label-preserving
   transformations at random parameters; for HDA, uniform noise in the ``radius`` ball
   (``hda-open``) and, a different generator at the same test-case budget, PGD at the same radius
-  on the current model (``hda-pgd``: the paper's Table 10 baseline).
+  on the current model (``hda-pgd``: the paper's Table 10 baseline); for object relevancy, the digits
+  of random validation scenes on as many fresh backgrounds each as the callback gives an unreliable one.
 
 Judged on a test split that no callback and no training step sees: clean accuracy; mean
 corruption accuracy (mCA) over fifteen albumentations corruptions at five severities
@@ -47,13 +53,16 @@ robustness under the robustness trio (the share of correctly classified test inp
 property at each severity leaves correct), D-Score (``v_fitness − v_robust`` over region-deletion
 mutants and padding translations of the test split; higher is better), and HDA's ``R̂_g`` white-box
 (100 test seeds searched by HDA's GA, 50 x 5 with its gradient start, against the arm's own final
-model; the density-weighted share it still gets right) --;
+model; the density-weighted share it still gets right), and on the scenes accuracy on the test
+digits recomposited on backgrounds of random kinds (``shuffled``, object relevancy's) --;
 and the fit's wall time, over ``plain``'s. Mean ± standard deviation over the seeds.
 
 Settings: ``mnist`` is ``mnist_a`` on the embedded MNIST (3,500 training, 1,000 validation, 500
 test digits, stratified); ``scenes`` is a ResNet-18 (3x3 stride-1 stem) on dlguard's 32x32 RGB
 scenes of the same digits, with ImageNet normalisation as ``preprocess`` (HDA's ``R̂_g`` on 20 test
-seeds there). Needs the ``bench`` extra.
+seeds there); ``spurious`` the same on scenes whose background kind is the label (``spurious=1``:
+the background alone predicts the label, a planted shortcut that ``shuffled`` exposes). Needs the
+``bench`` extra.
 """
 
 from __future__ import annotations
@@ -83,8 +92,16 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchvision.transforms import v2
 
 from dlguard.augment import ErrorGuidedAugmentation, ScoreGuidedPadding, default_properties, property_preset
-from dlguard.callbacks import DScoreCallback, FailureReplay, HDACallback, MetamorphicCallback, RobustnessCallback
-from dlguard.data import FailureBank, make_scenes
+from dlguard.augment.functional import move_objects
+from dlguard.callbacks import (
+    DScoreCallback,
+    FailureReplay,
+    HDACallback,
+    MetamorphicCallback,
+    ObjectRelevancyCallback,
+    RobustnessCallback,
+)
+from dlguard.data import FailureBank, make_scenes, scene_backgrounds
 from dlguard.data.mnist import embedded_mnist
 from dlguard.generate import PCADistribution, dscore_test, hda_test, pgd
 from dlguard.metrics import DScore, EmpiricalGlobalRobustness
@@ -112,6 +129,10 @@ class Setting:
     cosine: bool = False
     """Decay the learning rate to 0 on a cosine over the fit (the RGB scenes: without it, a ResNet-18's last
     epoch left plain training at 0.82-0.97 test accuracy from seed to seed, which no arm's effect survives)."""
+    val_masks: Tensor | None = None
+    """The validation scenes' object masks ``(N, H, W)``: validation batches carry them third, for object relevancy."""
+    shuffled: Tensor | None = None
+    """The test digits on backgrounds of random kinds, independent of the labels (shuffled-background accuracy)."""
 
 
 def _split() -> tuple[Tensor, ...]:
@@ -131,15 +152,31 @@ def mnist_setting() -> Setting:
     return Setting(train, val, test, mnist_a)
 
 
-def scenes_setting() -> Setting:
+def scenes_setting(spurious: float = 0.0) -> Setting:
     digits, labels, *splits = _split()
     train, val, test = (
-        (scenes.images, scenes.labels)
-        for scenes in (make_scenes(digits[rows], labels[rows], seed=seed) for seed, rows in enumerate(splits))
+        make_scenes(digits[rows], labels[rows], spurious=spurious, seed=seed) for seed, rows in enumerate(splits)
     )
+    kinds = torch.randint(10, (len(test),), generator=torch.Generator().manual_seed(len(splits)))
     return Setting(
-        train, val, test, resnet18_cifar, preprocess=Normalize(), extra={"hda_seeds": 20}, eps=8 / 255, cosine=True
+        (train.images, train.labels),
+        (val.images, val.labels),
+        (test.images, test.labels),
+        resnet18_cifar,
+        preprocess=Normalize(),
+        extra={"hda_seeds": 20},
+        eps=8 / 255,
+        cosine=True,
+        val_masks=val.masks,
+        shuffled=test.with_backgrounds(kinds, seed=len(splits)).images,
     )
+
+
+SETTINGS: dict[str, Callable[[], Setting]] = {
+    "mnist": mnist_setting,
+    "scenes": scenes_setting,
+    "spurious": lambda: scenes_setting(spurious=1.0),
+}
 
 
 class Classifier(L.LightningModule):
@@ -287,14 +324,46 @@ class OpenLoop(L.Callback):
         if trainer.sanity_checking or not count or self.generate is None or self.bank is None:
             return
         inputs, labels = self.source
-        # as many as the loop deposited, even beyond the split: whole passes over it, then part of one more
-        rounds = -(-count // len(labels))
-        rows = torch.cat([torch.randperm(len(labels), generator=self.generator) for _ in range(rounds)])[:count]
+        rows = self._rows(count)
         with torch.random.fork_rng(devices=[]):  # the cases' own draws: training's RNG goes on as in the loop's run
             torch.manual_seed(int(torch.randint(2**31, (1,), generator=self.generator)))
             cases = self.generate(inputs[rows], labels[rows], pl_module)
         self.bank.add(cases, labels[rows], origin="open-loop")
         self.deposited[str(trainer.current_epoch)] = len(rows)
+
+    def _rows(self, count: int) -> Tensor:
+        """``count`` random validation rows: whole passes over the split, then part of one more."""
+        total = len(self.source[1])
+        rounds = -(-count // total)
+        return torch.cat([torch.randperm(total, generator=self.generator) for _ in range(rounds)])[:count]
+
+
+class RelevancyOpenLoop(OpenLoop):
+    """Object relevancy's dose without its detection: random validation scenes' objects on fresh backgrounds.
+
+    The loop deposits each unreliable inference's object on ``fresh`` backgrounds of its own; at each
+    validation it deposited ``n`` rows at, the objects of ``ceil(n / fresh)`` random validation scenes go
+    onto ``fresh`` backgrounds each, drawn as the callback draws them (``n`` rows in all).
+    """
+
+    def __init__(self, source: tuple[Tensor, Tensor], masks: Tensor, deposits: dict[str, int], bank: FailureBank,
+                 fresh: int, seed: int = 0) -> None:  # fmt: skip
+        super().__init__(source, None, deposits, bank, seed=seed)
+        self.masks, self.fresh = masks, fresh
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        count = self.deposits.get(str(trainer.current_epoch), 0)
+        if trainer.sanity_checking or not count or self.bank is None:
+            return
+        (inputs, labels), rows = self.source, self._rows(-(-count // self.fresh))
+        side = max(inputs.shape[-2:])
+        seed = int(torch.randint(2**31, (1,), generator=self.generator))
+        backgrounds, _ = scene_backgrounds(len(rows) * self.fresh, side, seed=seed)
+        backgrounds = backgrounds[..., : inputs.shape[-2], : inputs.shape[-1]]
+        moved = move_objects(inputs[rows], self.masks[rows], backgrounds.unflatten(0, (len(rows), self.fresh)))
+        cases = moved.flatten(0, 1)[:count]
+        self.bank.add(cases, labels[rows].repeat_interleave(self.fresh)[:count], origin="open-loop")
+        self.deposited[str(trainer.current_epoch)] = len(cases)
 
 
 def random_properties(properties: list) -> Callable[[Tensor, Tensor, nn.Module], Tensor]:
@@ -336,9 +405,11 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "robustness": {},
     "metamorphic": {},
     "dscore": {},
+    "relevancy": {},
     "replay": {},
     "bank": {},
     "guide": {},
+    "violation_guide": {},
     "padding": {},
 }
 """Arguments other than the defaults, from ``--<name> key=value ...``: the callbacks' (e.g. ``--hda k=50
@@ -364,8 +435,20 @@ def loop_arm(name: str, setting: Setting, seed: int) -> Arm:
             ScoreGuidedPadding(**OPTIONS["padding"]),
         ),
         "hda": lambda: (HDACallback(bank=bank, **{**options, **OPTIONS["hda"]}), None),
-        "metamorphic": lambda: (MetamorphicCallback(bank=bank, **{**options, **OPTIONS["metamorphic"]}), None),
+        "relevancy": lambda: (ObjectRelevancyCallback(bank=bank, **{**options, **OPTIONS["relevancy"]}), None),
+        "metamorphic": lambda: (
+            _with_guide(
+                lambda guide: MetamorphicCallback(bank=bank, guide=guide, **{**options, **OPTIONS["metamorphic"]}),
+                ErrorGuidedAugmentation(property_preset("label_preserving"), **OPTIONS["violation_guide"]),
+            )
+            if VIOLATION_GUIDE
+            else (MetamorphicCallback(bank=bank, **{**options, **OPTIONS["metamorphic"]}), None)
+        ),
     }
+    if setting.val_masks is None:  # object relevancy needs the objects' masks: the scenes have them
+        if name == "relevancy" or "relevancy" in COMBINED:
+            raise SystemExit("--arms relevancy: needs scenes with object masks (--setting scenes or spurious)")
+        del parts["relevancy"]
     chosen = (list(dict.fromkeys(COMBINED)) or list(parts)) if name == "dlguard" else [name]
     made = [parts[part]() for part in chosen]
     callbacks = [callback for callback, _ in made]
@@ -386,19 +469,30 @@ def open_arm(name: str, setting: Setting, seed: int, dose: dict[str, Any]) -> Ar
     if loop == "dscore":  # the guide is the dose: p pads with probability p by a ratio p, so match the mean p²
         guide = ScoreGuidedPadding(p=math.sqrt(mean(p * p for p in strength)) if strength else 0.0)
         return Arm([OpenLoop(setting.val, None, {}, None, guide=guide, seed=seed)])
+    if loop == "relevancy":
+        fresh = OPTIONS["relevancy"].get("fresh_backgrounds", 10)
+        assert setting.val_masks is not None
+        control = RelevancyOpenLoop(setting.val, setting.val_masks, dose["deposits"], bank, fresh, seed=seed)
+        return Arm([control, FailureReplay(bank=bank, seed=seed, **OPTIONS["replay"])])
     generate, guide = {
         "robustness": (random_properties(default_properties()), ErrorGuidedAugmentation(strength=1.0)),
-        "metamorphic": (random_properties(property_preset("label_preserving")), None),
+        "metamorphic": (
+            random_properties(property_preset("label_preserving")),
+            ErrorGuidedAugmentation(property_preset("label_preserving"), strength=1.0) if VIOLATION_GUIDE else None,
+        ),
         "hda": (pgd_cases(EPS) if variant == "pgd" else ball_noise(EPS), None),
     }[loop]
     control = OpenLoop(setting.val, generate, dose["deposits"], bank, guide=guide, strength=strength, seed=seed)
     return Arm([control, FailureReplay(bank=bank, seed=seed, **OPTIONS["replay"])])
 
 
-LOOPS = ("robustness", "dscore", "hda", "metamorphic", "dlguard")
+LOOPS = ("robustness", "dscore", "hda", "metamorphic", "relevancy", "dlguard")
+VIOLATION_GUIDE: list[bool] = []
+"""Non-empty: the metamorphic loop drives an ``ErrorGuidedAugmentation`` too (``--violation_guide``), and its
+control applies those transformations at the loop's mean strength, uniformly over classes and properties."""
 COMBINED: list[str] = []
 """The loops the ``dlguard`` arm combines (``--combine``); empty: all four."""
-CONTROLS = ("robustness-open", "dscore-open", "hda-open", "hda-pgd", "metamorphic-open")
+CONTROLS = ("robustness-open", "dscore-open", "hda-open", "hda-pgd", "metamorphic-open", "relevancy-open")
 ARMS = ("plain", *STANDARD, *LOOPS, *CONTROLS)
 
 
@@ -478,6 +572,8 @@ def judge(model: Classifier, setting: Setting, corrupted: dict[str, Tensor], dis
     scores = {"clean": float((predict(model, x) == y).float().mean())}
     per = {name: [float((predict(model, c) == y).float().mean()) for c in levels] for name, levels in corrupted.items()}
     scores["mCA"] = mean(mean(v) for v in per.values())
+    if setting.shuffled is not None:  # object relevancy's own measure: the digits on backgrounds of random kinds
+        scores["shuffled"] = float((predict(model, setting.shuffled.to(device)) == y).float().mean())
     scores["corruptions"] = {name: round(mean(v), 4) for name, v in per.items()}
     scores["fgsm"] = float((predict(model, attack(model, x, y, setting.eps, 1)) == y).float().mean())
     scores["pgd"] = float((predict(model, attack(model, x, y, setting.eps, 10)) == y).float().mean())
@@ -508,7 +604,8 @@ def fit(
         arm = open_arm(arm_name, setting, seed, doses[loop])
     model = Classifier(setting.make_net(), setting.preprocess, arm.augment, setting.cosine)
     train = DataLoader(TensorDataset(*setting.train), batch_size=64, shuffle=True)
-    val = DataLoader(TensorDataset(*setting.val), batch_size=100)
+    masks = () if setting.val_masks is None else (setting.val_masks,)  # third in a batch: relevancy's masks
+    val = DataLoader(TensorDataset(*setting.val, *masks), batch_size=100)
     root = tempfile.mkdtemp(prefix="dlguard-closed-loop-")
     trainer = L.Trainer(
         max_epochs=epochs, accelerator=accelerator, devices=1, logger=False, enable_checkpointing=False,
@@ -539,7 +636,7 @@ def fit(
 
 def summarise(results: dict[str, list[dict]]) -> list[str]:
     plain_time = mean(r["seconds"] for r in results["plain"]) if "plain" in results else float("nan")
-    columns = ("clean", "mCA", "fgsm", "pgd", "violation_rate", "local_robustness", "d_score", "R_g")
+    columns = ("clean", "mCA", "fgsm", "pgd", "violation_rate", "local_robustness", "d_score", "R_g", "shuffled")
     lines = ["| arm | " + " | ".join(columns) + " | fit time |", "|---" * (len(columns) + 2) + "|"]
     for arm, runs in results.items():
         cells = []
@@ -560,7 +657,7 @@ def summarise(results: dict[str, list[dict]]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--setting", choices=("mnist", "scenes"), default="mnist")
+    parser.add_argument("--setting", choices=tuple(SETTINGS), default="mnist")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
@@ -568,16 +665,17 @@ def main() -> None:
     parser.add_argument("--combine", nargs="+", choices=LOOPS[:-1], default=[], help="the dlguard arm's loops")
     parser.add_argument("--accelerator", choices=("cpu", "gpu"), default="cpu", help="where fits and judging run")
     for name in OPTIONS:
-        parser.add_argument(f"--{name}", nargs="*", default=[], metavar="KEY=VALUE", help=f"{name}'s arguments")
+        parser.add_argument(f"--{name}", nargs="*", default=None, metavar="KEY=VALUE", help=f"{name}'s arguments")
     args = parser.parse_args()
     COMBINED[:] = args.combine
+    VIOLATION_GUIDE[:] = [] if args.violation_guide is None else [True]  # the flag alone: the guide's defaults
     for name, given in OPTIONS.items():
-        for option in getattr(args, name):
+        for option in getattr(args, name) or []:
             key, _, value = option.partition("=")
             given[key] = ast.literal_eval(value)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    setting = mnist_setting() if args.setting == "mnist" else scenes_setting()
+    setting = SETTINGS[args.setting]()
     started = time.perf_counter()
     device = torch.device("cuda" if args.accelerator == "gpu" else "cpu")
     corrupted = {name: levels.to(device) for name, levels in corrupt(setting.test[0]).items()}
@@ -595,6 +693,7 @@ def main() -> None:
             print(f"seed {seed} {arm:>16}: clean {record['clean']:.3f} mCA {record['mCA']:.3f} "
                   f"fgsm {record['fgsm']:.3f} pgd {record['pgd']:.3f} viol {record['violation_rate']:.3f} "
                   f"LR {record['local_robustness']:.3f} D {record['d_score']:.3f} R_g {record['R_g']:.3f} "
+                  + (f"shuffled {record['shuffled']:.3f} " if "shuffled" in record else "") +
                   f"{record['seconds']:.0f} s{extra}",
                   flush=True)  # fmt: skip
             for said in record["warnings"]:

@@ -138,3 +138,43 @@ def test_the_judge_s_d_score_translates_pixels_before_the_normalisation(setting:
     accuracy = lambda logits: (logits.argmax(-1) == run.target).double().mean(-1)  # noqa: E731
     expected = d_score(accuracy(run.logits), accuracy(run.mutant_logits), accuracy(run.translated_logits), 10)
     assert cl.d_score_of(model, x, y) == pytest.approx(float(expected.d_score), abs=1e-9)
+
+
+def test_the_relevancy_control_puts_random_digits_on_fresh_backgrounds() -> None:
+    # as many rows as the loop deposited: ceil(25 / 10) = 3 random scenes' digits, on 10 backgrounds each
+    digits, labels = cl.embedded_mnist()
+    scenes = cl.make_scenes(digits[:12], labels[:12], seed=0)
+    bank = cl.FailureBank(capacity=100)
+    control = cl.RelevancyOpenLoop((scenes.images, scenes.labels), scenes.masks, {"0": 25}, bank, fresh=10, seed=1)
+    control.on_validation_epoch_end(SimpleNamespace(current_epoch=0, sanity_checking=False), torch.nn.Identity())
+    assert control.deposited == {"0": 25} and len(bank) == 25
+    rows = torch.randperm(12, generator=torch.Generator().manual_seed(1))[:3]
+    assert torch.equal(bank.labels("open-loop"), scenes.labels[rows].repeat_interleave(10)[:25])
+    cases, sources = bank.inputs("open-loop"), scenes.images[rows].repeat_interleave(10, 0)[:25]
+    masks = scenes.masks[rows].repeat_interleave(10, 0)[:25, None].expand_as(cases)
+    same = (cases - sources).abs() < 1e-6
+    assert float(same[masks].float().mean()) > 0.5  # the digit stays (its seam is blurred)
+    assert float(same[~masks].float().mean()) < 0.05  # the background is new
+    assert not torch.equal(cases[0], cases[1])  # each copy of a digit on a background of its own
+
+
+def test_object_relevancy_needs_scenes_with_masks(setting: cl.Setting) -> None:
+    with pytest.raises(SystemExit, match=r"--arms relevancy: needs scenes with object masks"):
+        cl.loop_arm("relevancy", setting, 0)
+    probes = [type(c).__name__ for c in cl.loop_arm("dlguard", setting, 0).callbacks]
+    assert "ObjectRelevancyCallback" not in probes and "MetamorphicCallback" in probes
+
+
+def test_the_spurious_scenes_plant_a_shortcut_the_shuffled_test_removes() -> None:
+    spurious = cl.SETTINGS["spurious"]()
+    images, labels = spurious.test
+    assert spurious.shuffled is not None and spurious.shuffled.shape == images.shape == (500, 3, 32, 32)
+    assert spurious.val_masks is not None and spurious.val_masks.shape == (1000, 32, 32)
+    # a corner pixel of the background tells the label in the spurious scenes, not in the shuffled ones
+    corner = lambda x: x[:, :, :3, :3].flatten(1).mean(1)  # noqa: E731
+
+    def predictability(x: torch.Tensor) -> float:  # nearest class mean of the corner, on the same scenes
+        means = torch.stack([corner(x)[labels == c].mean() for c in range(10)])
+        return float(((corner(x)[:, None] - means).abs().argmin(1) == labels).float().mean())
+
+    assert predictability(images) > 2 * predictability(spurious.shuffled)
