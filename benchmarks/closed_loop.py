@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import inspect
 import json
 import logging
 import math
@@ -343,7 +344,9 @@ class RelevancyOpenLoop(OpenLoop):
 
     The loop deposits each unreliable inference's object on ``fresh`` backgrounds of its own; at each
     validation it deposited ``n`` rows at, the objects of ``ceil(n / fresh)`` random validation scenes go
-    onto ``fresh`` backgrounds each, drawn as the callback draws them (``n`` rows in all).
+    onto ``fresh`` backgrounds each, drawn as the callback draws them (``n`` rows in all). (A loop with
+    ``fresh_backgrounds=0`` deposits its follow-ups themselves; its control moves each digit onto one
+    fresh background.)
     """
 
     def __init__(self, source: tuple[Tensor, Tensor], masks: Tensor, deposits: dict[str, int], bank: FailureBank,
@@ -413,9 +416,10 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "padding": {},
 }
 """Arguments other than the defaults, from ``--<name> key=value ...``: the callbacks' (e.g. ``--hda k=50
-budget=None``, ``--metamorphic budget=None``), ``FailureReplay``'s and ``FailureBank``'s (loops and controls
-alike, e.g. ``--replay repeats=None``, ``--bank capacity=1024``), ``ErrorGuidedAugmentation``'s (``--guide
-strength=1.0``) and ``ScoreGuidedPadding``'s."""
+budget=None``, ``--metamorphic budget=None``, ``--relevancy budget=None``), ``FailureReplay``'s and
+``FailureBank``'s (loops and controls alike, e.g. ``--replay repeats=None``, ``--bank capacity=1024``), the
+robustness loop's ``ErrorGuidedAugmentation``'s (``--guide strength=1.0``), the metamorphic loop's
+(``--violation_guide``, which also turns that guide on) and ``ScoreGuidedPadding``'s."""
 
 
 def loop_arm(name: str, setting: Setting, seed: int) -> Arm:
@@ -446,8 +450,9 @@ def loop_arm(name: str, setting: Setting, seed: int) -> Arm:
         ),
     }
     if setting.val_masks is None:  # object relevancy needs the objects' masks: the scenes have them
-        if name == "relevancy" or "relevancy" in COMBINED:
-            raise SystemExit("--arms relevancy: needs scenes with object masks (--setting scenes or spurious)")
+        if name == "relevancy" or (name == "dlguard" and "relevancy" in COMBINED):
+            flag = "--arms" if name == "relevancy" else "--combine"
+            raise SystemExit(f"{flag} relevancy: needs scenes with object masks (--setting scenes or spurious)")
         del parts["relevancy"]
     chosen = (list(dict.fromkeys(COMBINED)) or list(parts)) if name == "dlguard" else [name]
     made = [parts[part]() for part in chosen]
@@ -470,7 +475,8 @@ def open_arm(name: str, setting: Setting, seed: int, dose: dict[str, Any]) -> Ar
         guide = ScoreGuidedPadding(p=math.sqrt(mean(p * p for p in strength)) if strength else 0.0)
         return Arm([OpenLoop(setting.val, None, {}, None, guide=guide, seed=seed)])
     if loop == "relevancy":
-        fresh = OPTIONS["relevancy"].get("fresh_backgrounds", 10)
+        default = inspect.signature(ObjectRelevancyCallback).parameters["fresh_backgrounds"].default
+        fresh = max(1, OPTIONS["relevancy"].get("fresh_backgrounds", default))  # 0: the loop deposits follow-ups
         assert setting.val_masks is not None
         control = RelevancyOpenLoop(setting.val, setting.val_masks, dose["deposits"], bank, fresh, seed=seed)
         return Arm([control, FailureReplay(bank=bank, seed=seed, **OPTIONS["replay"])])
@@ -491,7 +497,7 @@ VIOLATION_GUIDE: list[bool] = []
 """Non-empty: the metamorphic loop drives an ``ErrorGuidedAugmentation`` too (``--violation_guide``), and its
 control applies those transformations at the loop's mean strength, uniformly over classes and properties."""
 COMBINED: list[str] = []
-"""The loops the ``dlguard`` arm combines (``--combine``); empty: all four."""
+"""The loops the ``dlguard`` arm combines (``--combine``); empty: all the setting has (relevancy: the scenes)."""
 CONTROLS = ("robustness-open", "dscore-open", "hda-open", "hda-pgd", "metamorphic-open", "relevancy-open")
 ARMS = ("plain", *STANDARD, *LOOPS, *CONTROLS)
 
@@ -634,6 +640,16 @@ def fit(
     return model, record
 
 
+def arms_for(setting: Setting, arms: list[str] | None, combine: list[str]) -> list[str]:
+    """The arms to run: ``arms`` as given, or every arm the setting has (object relevancy's need masks)."""
+    if setting.val_masks is None:  # no objects to move: object relevancy's arms are the scenes'
+        asked = [f"--arms {arm}" for arm in arms or [] if arm.startswith("relevancy")]
+        asked += [f"--combine {loop}" for loop in combine if loop == "relevancy"]
+        if asked:
+            raise SystemExit(f"{', '.join(asked)}: needs scenes with object masks (--setting scenes or spurious)")
+    return arms or [arm for arm in ARMS if setting.val_masks is not None or not arm.startswith("relevancy")]
+
+
 def summarise(results: dict[str, list[dict]]) -> list[str]:
     plain_time = mean(r["seconds"] for r in results["plain"]) if "plain" in results else float("nan")
     columns = ("clean", "mCA", "fgsm", "pgd", "violation_rate", "local_robustness", "d_score", "R_g", "shuffled")
@@ -660,7 +676,7 @@ def main() -> None:
     parser.add_argument("--setting", choices=tuple(SETTINGS), default="mnist")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=None, help="default: every arm the setting has")
     parser.add_argument("--out", type=Path, default=None, help="JSON file of every run's figures")
     parser.add_argument("--combine", nargs="+", choices=LOOPS[:-1], default=[], help="the dlguard arm's loops")
     parser.add_argument("--accelerator", choices=("cpu", "gpu"), default="cpu", help="where fits and judging run")
@@ -676,6 +692,7 @@ def main() -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     setting = SETTINGS[args.setting]()
+    args.arms = arms_for(setting, args.arms, args.combine)
     started = time.perf_counter()
     device = torch.device("cuda" if args.accelerator == "gpu" else "cpu")
     corrupted = {name: levels.to(device) for name, levels in corrupt(setting.test[0]).items()}

@@ -22,8 +22,9 @@ class ErrorGuidedAugmentation(nn.Module):
     to the failure rate of each class under each property); each chosen sample gets a severity
     level drawn uniformly from the property's levels. Properties are applied one after another,
     so a sample may receive several. Until a proposal is set, the module leaves images unchanged.
-    :class:`~dlguard.callbacks.RobustnessCallback` updates it after every measurement and applies
-    it to training batches on the device; standalone, call ``aug(images, labels)``.
+    :class:`~dlguard.callbacks.RobustnessCallback` (from its error summary) and
+    :class:`~dlguard.callbacks.MetamorphicCallback` (from each class's violation rates) update it after
+    every measurement and apply it to training batches on the device; standalone, call ``aug(images, labels)``.
 
     No host sync on an accelerator's training path: each property is applied to the whole batch and
     kept where chosen (``torch.where``), and the checks that read values (labels within the
@@ -33,8 +34,10 @@ class ErrorGuidedAugmentation(nn.Module):
     costs nothing, each property transforms only the rows that drew it (``rows_only``): at the small
     probabilities a proposal gives most cells, that saves most of the work (the nine label-preserving
     properties at probability 0.03 on ``mnist_a``'s batches of 64 cost 3 ms a batch on the whole batch,
-    about what the training step costs). Keyed properties draw from the global RNG here (no keys on
-    the training path).
+    about what the training step costs). Properties that draw random numbers (noise, fog, rain: keyed
+    ones get no keys on the training path and draw from the global RNG) transform the whole batch on
+    either path, so a call draws the same numbers whatever the proposal and both paths give the same
+    images (and a guided run shuffles its batches as an unguided one does).
 
     **Strength.** An error summary's proposal gives its weakest class x property cell probability 1:
     applied as it stands, every training sample of that class is perturbed, often by several
@@ -50,9 +53,9 @@ class ErrorGuidedAugmentation(nn.Module):
         properties: the properties the proposal's columns refer to (default:
             :func:`~dlguard.augment.default_properties`).
         strength: the probability of the weakest cell, in ``[0, 1]``, the proposal's scale.
-        rows_only: transform only the rows that drew a property (``True``; a host sync per property) or
-            the whole batch, keeping the chosen rows (``False``); ``None``: ``True`` on the CPU only.
-            Deterministic properties give the same images either way.
+        rows_only: a deterministic property transforms only the rows that drew it (``True``; a host sync
+            per property) or the whole batch, keeping the chosen rows (``False``); ``None``: ``True`` on
+            the CPU only. The images are the same either way.
 
     Example:
         >>> import torch
@@ -130,14 +133,14 @@ class ErrorGuidedAugmentation(nn.Module):
         levels = self.level_table.to(device=device, dtype=images.dtype).T.gather(0, picks)  # (B, properties)
         out = images
         rows_only = self.rows_only if rows_only is None else rows_only
-        if rows_only or (rows_only is None and device.type == "cpu"):
-            for index, prop in enumerate(self.properties):
+        rows_only = rows_only or (rows_only is None and device.type == "cpu")
+        shape = (-1, *([1] * (images.ndim - 1)))
+        for index, prop in enumerate(self.properties):
+            if rows_only and prop.deterministic:  # draws nothing: the rows that drew it alone
                 rows = chosen[:, index].nonzero().flatten()
                 if len(rows):
                     out = out.clone() if out is images else out  # the caller's batch stays as it was
                     out[rows] = prop(out[rows], levels[rows, index])
-            return out
-        shape = (-1, *([1] * (images.ndim - 1)))
-        for index, prop in enumerate(self.properties):
-            out = torch.where(chosen[:, index].reshape(shape), prop(out, levels[:, index]), out)
+            else:  # the whole batch, so that what it draws does not depend on the rows chosen
+                out = torch.where(chosen[:, index].reshape(shape), prop(out, levels[:, index]), out)
         return out

@@ -18,7 +18,8 @@ class Guide(Protocol):
     device, in ``on_train_batch_start``). The same module works standalone in a transform pipeline.
     :class:`~dlguard.augment.ScoreGuidedPadding` (strength ``p`` from D-Score's ``v_robust``; it does
     not read the labels) and :class:`~dlguard.augment.ErrorGuidedAugmentation` (a per-class, per-
-    property proposal from the robustness sweep) follow it; so does any future guide.
+    property proposal from the robustness sweep or from the metamorphic violations) follow it; so does
+    any future guide.
 
     Example:
         >>> import torch

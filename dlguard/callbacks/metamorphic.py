@@ -153,6 +153,7 @@ class MetamorphicCallback(ProbeCallback):
     """
 
     prefix = "metamorphic"
+    guide: ErrorGuidedAugmentation | None
 
     def __init__(
         self,

@@ -63,9 +63,10 @@ def test_no_host_sync_after_the_first_call(host_syncs: type[HostSyncRecorder], p
 
 @pytest.mark.parametrize("strength", [0.1, 1.0])
 def test_only_the_chosen_rows_give_the_whole_batch_s_images(strength: float) -> None:
-    # the CPU's path (rows_only) against the accelerator's, on the same draws: deterministic properties
-    # transform a row the same whether it goes alone or with its batch
-    properties = [p for p in label_preserving_properties() if p.deterministic]
+    # the CPU's path (rows_only) against the accelerator's, on the same draws: a deterministic property
+    # transforms a row the same alone or with its batch, fog and rain draw on the whole batch either way,
+    # and the paths leave the global RNG alike
+    properties = label_preserving_properties()
     proposal = torch.rand(3, len(properties), generator=torch.Generator().manual_seed(1))
     images, labels = torch.rand(40, 1, 12, 12), torch.arange(40) % 3
     before = images.clone()
@@ -76,12 +77,15 @@ def test_only_the_chosen_rows_give_the_whole_batch_s_images(strength: float) -> 
         aug(images, labels)  # the checked call, on the whole batch either way
         torch.manual_seed(0)
         outs.append(aug(images, labels))
-    torch.testing.assert_close(outs[0], outs[1])
+        outs.append(torch.rand(3))  # what the global RNG gives next
+    torch.testing.assert_close(outs[0], outs[2])
+    torch.testing.assert_close(outs[1], outs[3])
     assert torch.equal(images, before)  # the caller's batch is not written
     changed = (outs[0] != images).flatten(1).any(1).float().mean()
     assert 0 < float(changed) <= 1
-    aug = ErrorGuidedAugmentation(properties, rows_only=True)
-    aug.set_proposal(torch.zeros(3, len(properties)))  # nothing chosen: the images themselves
+    deterministic = [p for p in properties if p.deterministic]  # fog and rain draw on the whole batch
+    aug = ErrorGuidedAugmentation(deterministic, rows_only=True)
+    aug.set_proposal(torch.zeros(3, len(deterministic)))  # nothing chosen: the images themselves
     aug(images, labels)
     assert aug(images, labels) is images
 

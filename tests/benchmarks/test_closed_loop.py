@@ -34,8 +34,12 @@ def test_the_splits_never_overlap() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("loop", ["metamorphic", "robustness"])
-def test_the_open_loop_control_follows_its_loop_s_dose(setting: cl.Setting, loop: str) -> None:
+@pytest.mark.parametrize("loop", ["metamorphic", "robustness", "metamorphic+guide"])
+def test_the_open_loop_control_follows_its_loop_s_dose(
+    setting: cl.Setting, loop: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loop, _, guided = loop.partition("+")
+    monkeypatch.setattr(cl, "VIOLATION_GUIDE", [True] if guided else [])
     doses: dict = {}
     _, measured = cl.fit(loop, setting, 0, 3, doses)
     _, control = cl.fit(f"{loop}-open", setting, 0, 3, doses)
@@ -44,7 +48,9 @@ def test_the_open_loop_control_follows_its_loop_s_dose(setting: cl.Setting, loop
     # as many cases at the same validations, so the bank grows alike and the replay dose is the same
     assert {e: n for e, n in deposits.items() if n} == control["dose"]["deposits"]
     assert control["replayed"] == measured["replayed"] > 0
-    if loop == "robustness":  # the guide's strength as applied, epoch by epoch, uniform over classes and properties
+    if (
+        loop == "robustness" or guided
+    ):  # the guide's strength as applied, epoch by epoch, evenly over classes and properties
         assert control["dose"]["strength"] == pytest.approx(measured["dose"]["strength"], abs=1e-6)
         assert max(measured["dose"]["strength"]) > 0
 
@@ -158,13 +164,26 @@ def test_the_relevancy_control_puts_random_digits_on_fresh_backgrounds() -> None
     assert not torch.equal(cases[0], cases[1])  # each copy of a digit on a background of its own
 
 
-def test_object_relevancy_needs_scenes_with_masks(setting: cl.Setting) -> None:
+def test_object_relevancy_needs_scenes_with_masks(setting: cl.Setting, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(SystemExit, match=r"--arms relevancy: needs scenes with object masks"):
         cl.loop_arm("relevancy", setting, 0)
     probes = [type(c).__name__ for c in cl.loop_arm("dlguard", setting, 0).callbacks]
     assert "ObjectRelevancyCallback" not in probes and "MetamorphicCallback" in probes
+    # the default arms are the setting's; asking for relevancy without masks fails before any fit
+    assert cl.arms_for(setting, None, []) == [arm for arm in cl.ARMS if not arm.startswith("relevancy")]
+    with pytest.raises(SystemExit, match=r"^--arms relevancy-open, --combine relevancy: needs scenes"):
+        cl.arms_for(setting, ["plain", "relevancy-open"], ["relevancy"])
+    masked = cl.Setting(setting.train, setting.val, setting.test, setting.make_net, val_masks=torch.ones(300, 28, 28))
+    assert cl.arms_for(masked, None, []) == list(cl.ARMS) and "relevancy-open" in cl.ARMS
+    monkeypatch.setattr(cl, "COMBINED", ["relevancy"])
+    with pytest.raises(SystemExit, match=r"--combine relevancy: needs scenes"):
+        cl.loop_arm("dlguard", setting, 0)
+    assert isinstance(
+        cl.loop_arm("metamorphic", setting, 0).callbacks[0], cl.MetamorphicCallback
+    )  # the others: as they were
 
 
+@pytest.mark.slow
 def test_the_spurious_scenes_plant_a_shortcut_the_shuffled_test_removes() -> None:
     spurious = cl.SETTINGS["spurious"]()
     images, labels = spurious.test

@@ -9,7 +9,13 @@ import pytest
 import torch
 from torch import Tensor
 
-from dlguard.augment import ErrorGuidedAugmentation, Property, deeptest_properties, label_preserving_properties
+from dlguard.augment import (
+    ErrorGuidedAugmentation,
+    Property,
+    ScoreGuidedPadding,
+    deeptest_properties,
+    label_preserving_properties,
+)
 from dlguard.callbacks import MetamorphicCallback
 from dlguard.callbacks.metamorphic import _violation_proposal
 from dlguard.data import MNISTDataModule
@@ -69,8 +75,10 @@ def test_the_proposal_is_checkpointed_into_a_fresh_guide(tmp_path: Path) -> None
     quick_trainer(tmp_path, [callback], val_batches=1).validate(module, datamodule=MNISTDataModule(batch_size=30))
     fresh_guide = ErrorGuidedAugmentation(properties)
     fresh = MetamorphicCallback(properties=properties, budget=None, probe_size=30, guide=fresh_guide)
-    fresh.load_state_dict(callback.state_dict())
-    assert fresh.proposal == callback.proposal and fresh._guide_ready()
+    saved = tmp_path / "callback.pt"
+    torch.save(callback.state_dict(), saved)
+    fresh.load_state_dict(torch.load(saved, weights_only=False))
+    assert fresh.proposal == callback.proposal and fresh.proposal is not callback.proposal and fresh._guide_ready()
     torch.testing.assert_close(fresh_guide.proposal, torch.tensor(callback.proposal, dtype=torch.float32))
 
 
@@ -108,8 +116,6 @@ def test_two_processes_propose_what_one_process_proposes(tmp_path: Path) -> None
 def test_a_guide_the_relation_cannot_drive_is_refused() -> None:
     properties = label_preserving_properties()
     with pytest.raises(ValueError, match="guide: expected an ErrorGuidedAugmentation or None, got ScoreGuidedPadding"):
-        from dlguard.augment import ScoreGuidedPadding
-
         MetamorphicCallback(guide=ScoreGuidedPadding())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="guide: needs task='classification'"):
         MetamorphicCallback(task="regression", guide=ErrorGuidedAugmentation(properties))
