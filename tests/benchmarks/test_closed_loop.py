@@ -197,3 +197,23 @@ def test_the_spurious_scenes_plant_a_shortcut_the_shuffled_test_removes() -> Non
         return float(((corner(x)[:, None] - means).abs().argmin(1) == labels).float().mean())
 
     assert predictability(images) > 2 * predictability(spurious.shuffled)
+
+
+@pytest.mark.slow
+def test_the_relevancy_control_follows_its_loop_s_dose(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dlguard.zoo import mnist_b
+
+    digits, labels, train_rows, val_rows, _ = cl._split()  # stratified (the embedded digits come sorted)
+    train, val = (cl.make_scenes(digits[rows], labels[rows], spurious=1.0, seed=i)
+                  for i, rows in enumerate((train_rows[:600], val_rows[:200])))  # fmt: skip
+    small = cl.Setting((train.images, train.labels), (val.images, val.labels), (val.images[:50], val.labels[:50]),
+                       lambda: mnist_b(in_channels=3, input_size=32), val_masks=val.masks)  # fmt: skip
+    options = {"budget": None, "probe_size": 20, "fresh_backgrounds": 3, "p_high": 0.3, "min_accuracy": None}
+    monkeypatch.setitem(cl.OPTIONS, "relevancy", options)  # a weak, barely confident model still deposits
+    doses: dict = {}
+    _, measured = cl.fit("relevancy", small, 0, 3, doses)
+    _, control = cl.fit("relevancy-open", small, 0, 3, doses)
+    deposits = measured["dose"]["deposits"]
+    assert sum(deposits.values()) > 0 and all(n % 3 == 0 for n in deposits.values())  # 3 backgrounds per digit
+    assert {e: n for e, n in deposits.items() if n} == control["dose"]["deposits"]
+    assert control["replayed"] == measured["replayed"] > 0
