@@ -450,9 +450,7 @@ def loop_arm(name: str, setting: Setting, seed: int) -> Arm:
         ),
     }
     if setting.val_masks is None:  # object relevancy needs the objects' masks: the scenes have them
-        if name == "relevancy" or (name == "dlguard" and "relevancy" in COMBINED):
-            flag = "--arms" if name == "relevancy" else "--combine"
-            raise SystemExit(f"{flag} relevancy: needs scenes with object masks (--setting scenes or spurious)")
+        arms_for(setting, [name], COMBINED if name == "dlguard" else [])  # refuses relevancy, naming the flag
         del parts["relevancy"]
     chosen = (list(dict.fromkeys(COMBINED)) or list(parts)) if name == "dlguard" else [name]
     made = [parts[part]() for part in chosen]
