@@ -95,7 +95,6 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchvision.transforms import v2
 
 from dlguard.augment import ErrorGuidedAugmentation, ScoreGuidedPadding, default_properties, property_preset
-from dlguard.augment.functional import move_objects
 from dlguard.callbacks import (
     DScoreCallback,
     FailureReplay,
@@ -104,9 +103,9 @@ from dlguard.callbacks import (
     ObjectRelevancyCallback,
     RobustnessCallback,
 )
-from dlguard.data import FailureBank, make_scenes, scene_backgrounds
+from dlguard.data import FailureBank, make_scenes
 from dlguard.data.mnist import embedded_mnist
-from dlguard.generate import PCADistribution, dscore_test, hda_test, pgd
+from dlguard.generate import PCADistribution, dscore_test, hda_test, objects_on_fresh_backgrounds, pgd
 from dlguard.metrics import DScore, EmpiricalGlobalRobustness
 from dlguard.probes import ModelAdapter
 
@@ -361,14 +360,10 @@ class RelevancyOpenLoop(OpenLoop):
         if trainer.sanity_checking or not count or self.bank is None:
             return
         (inputs, labels), rows = self.source, self._rows(-(-count // self.fresh))
-        side = max(inputs.shape[-2:])
         seed = int(torch.randint(2**31, (1,), generator=self.generator))
-        backgrounds, _ = scene_backgrounds(len(rows) * self.fresh, side, seed=seed)
-        backgrounds = backgrounds[..., : inputs.shape[-2], : inputs.shape[-1]]
-        moved = move_objects(inputs[rows], self.masks[rows], backgrounds.unflatten(0, (len(rows), self.fresh)))
-        cases = moved.flatten(0, 1)[:count]
-        self.bank.add(cases, labels[rows].repeat_interleave(self.fresh)[:count], origin="open-loop")
-        self.deposited[str(trainer.current_epoch)] = len(cases)
+        moved = objects_on_fresh_backgrounds(inputs[rows], self.masks[rows], labels[rows], self.fresh, seed=seed)
+        self.bank.add(moved.inputs[:count], moved.labels[:count], origin="open-loop")
+        self.deposited[str(trainer.current_epoch)] = len(moved.inputs[:count])
 
 
 def random_properties(properties: list) -> Callable[[Tensor, Tensor, nn.Module], Tensor]:

@@ -14,12 +14,12 @@ from torch import Tensor
 from dlguard._random import content_keys
 from dlguard._validation import check_values, optional_positive_int, positive_int, probability
 from dlguard.augment.follow_up_cache import FollowUpCache
-from dlguard.augment.functional.object_mutations import check_removal, move_objects
+from dlguard.augment.functional.object_mutations import check_removal
 from dlguard.callbacks.base import ProbeCallback, ProbeOptions
 from dlguard.data.backgrounds import scene_backgrounds
 from dlguard.data.failure_bank import FailureBank
 from dlguard.data.probe_set import ProbeSet, ProbeSetPolicy
-from dlguard.generate.object_relevancy import ObjectRelevancyRun, object_relevancy_test
+from dlguard.generate.object_relevancy import ObjectRelevancyRun, object_relevancy_test, objects_on_fresh_backgrounds
 from dlguard.metrics.object_relevancy import ObjectRelevancy
 from dlguard.utilities.plot import plot_image_grid
 
@@ -249,16 +249,12 @@ class ObjectRelevancyCallback(ProbeCallback):
         if len(flagged) > keep:  # the lowest content keys: a choice every process and every rerun makes alike
             flagged = flagged[content_keys(run.inputs.cpu()[flagged], self.seed).argsort()[:keep]].sort().values
         images, labels = run.inputs.cpu()[flagged], run.target.cpu()[flagged]
-        if not len(images):
-            return images, labels
-        height, width = images.shape[-2:]
         # new at every measurement of a fit (the step tells validations of one epoch apart), alike on every rank
         seed = self.seed + 7919 * (trainer.global_step + trainer.current_epoch + 1)
-        count = len(images) * self.fresh_backgrounds
-        backgrounds, _ = scene_backgrounds(count, max(height, width), seed=seed)
-        backgrounds = backgrounds[..., :height, :width].reshape(len(images), self.fresh_backgrounds, 3, height, width)
-        moved = move_objects(images, masks[flagged], backgrounds, workers=self.workers)
-        return moved.flatten(0, 1), labels[:, None].expand(moved.shape[:2]).flatten()
+        moved = objects_on_fresh_backgrounds(
+            images, masks[flagged], labels, self.fresh_backgrounds, seed=seed, workers=self.workers
+        )
+        return moved.inputs, moved.labels
 
     # ---- one measurement ---------------------------------------------------------------------
 

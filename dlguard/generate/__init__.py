@@ -9,7 +9,7 @@ from dlguard.generate.genetic import GAResult, two_step_ga
 from dlguard.generate.gradients import input_gradients, loss_gradient
 from dlguard.generate.hda import HOLDOUT_SALT, HDARun, HeldOut, hda_test, select_hda_seeds
 from dlguard.generate.metamorphic import MetamorphicFailures, MetamorphicRun, metamorphic_test
-from dlguard.generate.object_relevancy import ObjectRelevancyRun, object_relevancy_test
+from dlguard.generate.object_relevancy import ObjectRelevancyRun, object_relevancy_test, objects_on_fresh_backgrounds
 from dlguard.generate.outputs import check_num_classes, correct_predictions, logit_width, model_outputs
 from dlguard.generate.sampling import BalancedSubset, balanced_correct_subset
 from dlguard.generate.seeds import gradient_indicator, seed_scores, select_seeds, separation_indicator
@@ -50,6 +50,7 @@ __all__ = [
     "metamorphic_test",
     "model_outputs",
     "object_relevancy_test",
+    "objects_on_fresh_backgrounds",
     "pgd",
     "robustness_sweep",
     "search_violations",

@@ -14,6 +14,8 @@ from dlguard._validation import (
     optional_positive_int,
     probability,
 )
+from dlguard.augment.functional.object_mutations import move_objects
+from dlguard.data.backgrounds import scene_backgrounds
 from dlguard.generate.failures import Failures
 from dlguard.metrics.functional.object_relevancy import ObjectRelevancyScores, object_relevancy, unreliable
 from dlguard.probes.adapter import ModelAdapter
@@ -22,7 +24,7 @@ from dlguard.probes.evaluation import evaluation
 if TYPE_CHECKING:
     from dlguard.augment.follow_ups import FollowUps
 
-__all__ = ["ObjectRelevancyRun", "object_relevancy_test"]
+__all__ = ["ObjectRelevancyRun", "object_relevancy_test", "objects_on_fresh_backgrounds"]
 
 
 @dataclass
@@ -139,3 +141,46 @@ def object_relevancy_test(
     labels = target.cpu()[flagged][:, None].expand(swapped.shape[:2])
     failures = Failures(swapped.flatten(0, 1), labels.flatten())
     return ObjectRelevancyRun(images, target, scores, logits, follow, follow_ups, flagged, failures)
+
+
+def objects_on_fresh_backgrounds(
+    images: Tensor, masks: Tensor, labels: Tensor, count: int, *, seed: int, workers: int | None = None
+) -> Failures:
+    """Each image's object on ``count`` scene backgrounds of its own, labelled with the image's label.
+
+    What object-relevancy feedback replays: an object the model did not read, shown on backgrounds it
+    has not seen (:func:`~dlguard.data.scene_backgrounds`, drawn from ``seed``), so that only the object
+    carries the label (:func:`~dlguard.augment.functional.move_objects`).
+
+    Args:
+        images: ``(B, C, H, W)`` floating sources in ``[0, 1]``, ``C`` in ``{1, 3}``.
+        masks: ``(B, H, W)`` bool, ``True`` on each image's object; none may be empty.
+        labels: ``(B, ...)`` each image's label.
+        count: backgrounds per image (``>= 1``).
+        seed: seed of the backgrounds.
+        workers: threads, as in :func:`~dlguard.augment.functional.move_objects`.
+
+    Returns:
+        :class:`Failures` of ``B · count`` inputs, image by image (image 0 on its ``count``
+        backgrounds first), on ``images``' device.
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> images = torch.rand(2, 3, 8, 8, generator=g)
+        >>> masks = torch.zeros(2, 8, 8, dtype=torch.bool)
+        >>> masks[:, 2:6, 2:6] = True
+        >>> moved = objects_on_fresh_backgrounds(images, masks, torch.tensor([3, 7]), 4, seed=0)
+        >>> tuple(moved.inputs.shape), moved.labels.tolist()
+        ((8, 3, 8, 8), [3, 3, 3, 3, 7, 7, 7, 7])
+        >>> torch.equal(moved.inputs[5][:, masks[1]], images[1][:, masks[1]])  # the object, unchanged
+        True
+    """
+    if count < 1:
+        raise ValueError(f"count: expected backgrounds per image >= 1, got {count}")
+    if not len(images):
+        return Failures(images, labels)
+    height, width = images.shape[-2:]
+    drawn, _ = scene_backgrounds(len(images) * count, max(height, width), seed=seed)
+    drawn = drawn[..., :height, :width].unflatten(0, (len(images), count))
+    moved = move_objects(images, masks, drawn, workers=workers)
+    return Failures(moved.flatten(0, 1), labels.repeat_interleave(count, dim=0).to(moved.device))
