@@ -4,7 +4,9 @@ ErrorGuidedAugmentation, against a loop written out one input at a time; checkpo
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import lightning as L
 import pytest
 import torch
 from torch import Tensor
@@ -20,6 +22,7 @@ from dlguard.callbacks import MetamorphicCallback
 from dlguard.callbacks.metamorphic import _violation_proposal
 from dlguard.data import MNISTDataModule
 from dlguard.zoo import ClassifierModule, pretrained
+from tests.callbacks.projects import DigitDicts, NormalizedDigits, normalize
 from tests.quick import quick_trainer, run_on_two_processes
 
 
@@ -121,3 +124,41 @@ def test_a_guide_the_relation_cannot_drive_is_refused() -> None:
         MetamorphicCallback(task="regression", guide=ErrorGuidedAugmentation(properties))
     with pytest.raises(ValueError, match=r"guide: its properties \['noise', 'rotation', 'brightness'\] must be"):
         MetamorphicCallback(guide=ErrorGuidedAugmentation())
+
+
+class _Seen(L.Callback):
+    """Records what the training step gets, after the callbacks before it have changed the batch."""
+
+    def __init__(self) -> None:
+        self.images: dict[tuple[int, int], Tensor] = {}
+        self.labels: dict[tuple[int, int], Tensor] = {}
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
+        self.images[trainer.current_epoch, idx] = batch["image"].clone()
+        self.labels[trainer.current_epoch, idx] = batch["label"].clone()
+
+
+def test_in_a_user_s_project_the_guide_reads_what_the_model_sees_and_augments_dict_batches(tmp_path: Path) -> None:
+    """Normalised input (``preprocess``), dict outputs, dict batches: the proposal is the pixel network's."""
+    properties = chosen("rotation", "fog")
+    guide = ErrorGuidedAugmentation(properties, strength=1.0)
+    callback = MetamorphicCallback(
+        properties=properties, budget=None, probe_size=20, guide=guide,
+        preprocess=normalize, output_transform=lambda out: out["logits"], batch_keys=("image", "label"),
+    )  # fmt: skip
+    seen = _Seen()
+    module, datamodule = NormalizedDigits(output_dict=True, lr=0.0), DigitDicts()
+    trainer = quick_trainer(tmp_path, [callback, seen], epochs=2, train_batches=2, val_batches=2)
+    trainer.fit(module, datamodule=datamodule)
+    probe = callback.probe_set()
+    pixel_model = module.backbone[1]  # the same network taking pixels
+    expected = reference_proposal(pixel_model, probe.inputs, probe.target, probe.keys, properties, 10)
+    torch.testing.assert_close(torch.tensor(callback.proposal), torch.tensor(expected), rtol=0, atol=1e-6)
+    # epoch 0 trained on the loader's digits; epoch 1 on the guide's transformations of them, labels untouched
+    for idx in range(2):
+        assert torch.equal(seen.images[0, idx], seen.images[0, idx].clamp(0, 1))
+        assert torch.equal(seen.labels[1, idx], seen.labels[0, idx])
+    changed = torch.cat([(seen.images[1, i] != seen.images[0, i]).flatten(1).any(1) for i in range(2)])
+    untouched = torch.stack([datamodule._mnist.train_set[i][0] for i in range(100)])
+    assert torch.equal(torch.cat([seen.images[0, i] for i in range(2)]), untouched)
+    assert 0 < int(changed.sum()) < 100  # some rows drew a transformation, not all
