@@ -5,16 +5,18 @@
                                      [--accelerator cpu|gpu]
                                      [--hda|--robustness|--metamorphic|--dscore|--relevancy KEY=VALUE ...]
                                      [--replay|--bank|--guide|--padding KEY=VALUE ...]
-                                     [--violation_guide [KEY=VALUE ...]] [--marginal]
+                                     [--violation_guide [KEY=VALUE ...]] [--spread cell|property|even]
 
 ``--<callback> KEY=VALUE`` overrides that callback's defaults (e.g. ``--metamorphic budget=None``);
 ``--replay`` and ``--bank`` those of ``FailureReplay`` and ``FailureBank`` (in loops and controls
 alike), ``--guide`` and ``--padding`` those of the loops' ``ErrorGuidedAugmentation`` and
 ``ScoreGuidedPadding``. ``--violation_guide`` gives the metamorphic loop a guide as well (an
 ``ErrorGuidedAugmentation`` over its properties, set from each class's violation rates; its control
-then applies those transformations at the loop's mean strength). ``--marginal`` averages each loop
-guide's proposal over the classes, so every class gets each transformation with the same probability
-(the per-class choice taken out of the loop). ``--combine`` names the loops the
+then applies those transformations at the loop's mean strength). ``--spread`` says what the loops'
+``ErrorGuidedAugmentation`` guides keep of a proposal: ``cell`` (default) each class's probability of
+each transformation, ``property`` each transformation's mean over the classes, the same for every class,
+``even`` the proposal's mean for every class and transformation (the measurement sets only the dose).
+``--combine`` names the loops the
 ``dlguard`` arm combines (default: all of the setting's). ``--accelerator gpu`` fits and judges on the GPU.
 
 Every arm trains the same network from scratch on the same training split for the same epochs, with
@@ -419,17 +421,29 @@ robustness loop's ``ErrorGuidedAugmentation``'s (``--guide strength=1.0``), the 
 (``--violation_guide``, which also turns that guide on) and ``ScoreGuidedPadding``'s."""
 
 
-class MarginalGuide(ErrorGuidedAugmentation):
-    """An ``ErrorGuidedAugmentation`` whose every class takes the proposal's mean over classes (``--marginal``)."""
+class SpreadGuide(ErrorGuidedAugmentation):
+    """An ``ErrorGuidedAugmentation`` that keeps less of each proposal than its cells (``--spread``).
+
+    ``property``: every class gets each transformation's mean over the classes; ``even``: every cell the mean.
+    """
+
+    def __init__(self, *args: Any, spread: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.spread = spread
 
     def set_proposal(self, proposal: Tensor | Any) -> None:
         table = torch.as_tensor(proposal, dtype=torch.float32)
-        super().set_proposal(table.mean(0, keepdim=True).expand_as(table))
+        kept = table.mean(0, keepdim=True) if self.spread == "property" else table.mean()
+        super().set_proposal(kept.expand_as(table))
 
 
 def error_guide(*args: Any, **kwargs: Any) -> ErrorGuidedAugmentation:
-    """A loop's ``ErrorGuidedAugmentation``: per class, or with ``--marginal`` the same for every class."""
-    return (MarginalGuide if MARGINAL else ErrorGuidedAugmentation)(*args, **kwargs)
+    """A loop's ``ErrorGuidedAugmentation``, keeping of each proposal what ``--spread`` says."""
+    return (
+        ErrorGuidedAugmentation(*args, **kwargs)
+        if SPREAD[0] == "cell"
+        else SpreadGuide(*args, spread=SPREAD[0], **kwargs)
+    )
 
 
 def loop_arm(name: str, setting: Setting, seed: int) -> Arm:
@@ -504,8 +518,9 @@ LOOPS = ("robustness", "dscore", "hda", "metamorphic", "relevancy", "dlguard")
 VIOLATION_GUIDE: list[bool] = []
 """Non-empty: the metamorphic loop drives an ``ErrorGuidedAugmentation`` too (``--violation_guide``), and its
 control applies those transformations at the loop's mean strength, uniformly over classes and properties."""
-MARGINAL: list[bool] = []
-"""Non-empty: the loops' guides apply each transformation's mean proposal to every class (``--marginal``)."""
+SPREADS = ("cell", "property", "even")
+SPREAD: list[str] = ["cell"]
+"""What the loops' guides keep of a proposal (``--spread``): ``cell``, ``property`` or ``even``."""
 COMBINED: list[str] = []
 """The loops the ``dlguard`` arm combines (``--combine``); empty: all the setting has (relevancy: the scenes)."""
 CONTROLS = ("robustness-open", "dscore-open", "hda-open", "hda-pgd", "metamorphic-open", "relevancy-open")
@@ -690,12 +705,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="JSON file of every run's figures")
     parser.add_argument("--combine", nargs="+", choices=LOOPS[:-1], default=[], help="the dlguard arm's loops")
     parser.add_argument("--accelerator", choices=("cpu", "gpu"), default="cpu", help="where fits and judging run")
-    parser.add_argument("--marginal", action="store_true", help="the loops' guides: one probability for every class")
+    parser.add_argument("--spread", choices=SPREADS, default="cell", help="what the loops' guides keep of a proposal")
     for name in OPTIONS:
         parser.add_argument(f"--{name}", nargs="*", default=None, metavar="KEY=VALUE", help=f"{name}'s arguments")
     args = parser.parse_args()
     COMBINED[:] = args.combine
-    MARGINAL[:] = [True] if args.marginal else []
+    SPREAD[:] = [args.spread]
     VIOLATION_GUIDE[:] = [] if args.violation_guide is None else [True]  # the flag alone: the guide's defaults
     for name, given in OPTIONS.items():
         for option in getattr(args, name) or []:

@@ -111,19 +111,23 @@ def test_options_reach_the_callbacks_and_combine_picks_the_loops(
     assert replay.bank.capacity == 1024 and replay.bank is probes["HDACallback"].bank
 
 
-@pytest.mark.parametrize("marginal", [False, True])
-def test_marginal_gives_every_class_the_mean_proposal(
-    setting: cl.Setting, monkeypatch: pytest.MonkeyPatch, marginal: bool
+@pytest.mark.parametrize("spread", cl.SPREADS)
+def test_spread_says_what_the_guides_keep_of_a_proposal(
+    setting: cl.Setting, monkeypatch: pytest.MonkeyPatch, spread: str
 ) -> None:
-    monkeypatch.setattr(cl, "MARGINAL", [True] if marginal else [])
+    monkeypatch.setattr(cl, "SPREAD", [spread])
     monkeypatch.setattr(cl, "VIOLATION_GUIDE", [True])
     monkeypatch.setattr(cl, "COMBINED", ["robustness", "metamorphic"])
     callbacks = cl.loop_arm("dlguard", setting, 0).callbacks
     guides = [c.guide for c in callbacks if type(c).__name__ in ("RobustnessCallback", "MetamorphicCallback")]
-    assert len(guides) == 2 and all(isinstance(g, cl.MarginalGuide) == marginal for g in guides)
+    assert len(guides) == 2 and all(isinstance(g, cl.SpreadGuide) == (spread != "cell") for g in guides)
     proposal = [[0.0, 1.0, 0.5], [0.5, 0.0, 0.25]]  # 2 classes x the robustness guide's 3 properties
     guides[0].set_proposal(proposal)
-    expected = [[0.25, 0.5, 0.375]] * 2 if marginal else proposal  # the column means, by hand
+    expected = {  # by hand: the cells, the column means, the mean
+        "cell": proposal,
+        "property": [[0.25, 0.5, 0.375]] * 2,
+        "even": [[0.375] * 3] * 2,
+    }[spread]
     assert guides[0].proposal.tolist() == expected
 
 
