@@ -432,7 +432,8 @@ class SpreadGuide(ErrorGuidedAugmentation):
         self.spread = spread
 
     def set_proposal(self, proposal: Tensor | Any) -> None:
-        table = torch.as_tensor(proposal, dtype=torch.float32)
+        super().set_proposal(proposal)  # the cells' own checks first: out-of-range cells must not average away
+        table = self.proposal
         kept = table.mean(0, keepdim=True) if self.spread == "property" else table.mean()
         super().set_proposal(kept.expand_as(table))
 

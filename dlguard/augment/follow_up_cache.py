@@ -13,13 +13,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from dlguard._validation import check_object_images, check_object_masks
 from dlguard.augment.follow_ups import FollowUps, follow_up_layout
-from dlguard.augment.functional._object_inputs import (
-    check_backgrounds,
-    check_object_images,
-    check_object_masks,
-    worker_count,
-)
+from dlguard.augment.functional._object_inputs import check_backgrounds, worker_count
 from dlguard.augment.functional.object_mutations import check_removal, follow_up_images
 
 __all__ = ["FollowUpCache"]

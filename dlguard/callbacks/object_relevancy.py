@@ -47,9 +47,10 @@ class ObjectRelevancyCallback(ProbeCallback):
     share of *unreliable* inferences: correct, with ``p ≥ p_high``, yet ``S < s_low``. With a
     ``bank``, the unreliable inferences' objects go into it with their labels, each moved onto
     ``fresh_backgrounds`` backgrounds of its own, drawn anew at every measurement
-    (:func:`~dlguard.augment.functional.move_objects` onto :func:`~dlguard.data.scene_backgrounds` of
-    random kinds): with :class:`~dlguard.callbacks.FailureReplay` on the same bank, training sees
-    those objects on backgrounds like any other, whose kind says nothing of the label, and learns
+    (:func:`~dlguard.generate.objects_on_fresh_backgrounds`: :func:`~dlguard.augment.functional.move_objects`
+    onto :func:`~dlguard.data.scene_backgrounds` of random kinds): with
+    :class:`~dlguard.callbacks.FailureReplay` on the same bank, training sees those objects on
+    backgrounds like any other, whose kind says nothing of the label, and learns
     the object. (The follow-ups' own backgrounds are a few fixed images: a model replayed the objects
     on them learns to recognise those images; ``fresh_backgrounds=0`` deposits them all the same.)
 

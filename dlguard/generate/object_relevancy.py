@@ -11,7 +11,10 @@ from torch import Tensor, nn
 from dlguard._validation import (
     check_images,
     check_labels,
+    check_object_images,
+    check_object_masks,
     optional_positive_int,
+    positive_int,
     probability,
 )
 from dlguard.augment.functional.object_mutations import move_objects
@@ -155,8 +158,8 @@ def objects_on_fresh_backgrounds(
     Args:
         images: ``(B, C, H, W)`` floating sources in ``[0, 1]``, ``C`` in ``{1, 3}``.
         masks: ``(B, H, W)`` bool, ``True`` on each image's object; none may be empty.
-        labels: ``(B, ...)`` each image's label.
-        count: backgrounds per image (``>= 1``).
+        labels: ``(B,)`` each image's class.
+        count: backgrounds per image, at least 1.
         seed: seed of the backgrounds.
         workers: threads, as in :func:`~dlguard.augment.functional.move_objects`.
 
@@ -175,10 +178,12 @@ def objects_on_fresh_backgrounds(
         >>> torch.equal(moved.inputs[5][:, masks[1]], images[1][:, masks[1]])  # the object, unchanged
         True
     """
-    if count < 1:
-        raise ValueError(f"count: expected backgrounds per image >= 1, got {count}")
+    images = check_object_images("images", images)
+    masks = check_object_masks("masks", masks, images)
+    labels = check_labels("labels", labels, batch=len(images))
+    count = positive_int("count", count)
     if not len(images):
-        return Failures(images, labels)
+        return Failures(images.float(), labels)
     height, width = images.shape[-2:]
     drawn, _ = scene_backgrounds(len(images) * count, max(height, width), seed=seed)
     drawn = drawn[..., :height, :width].unflatten(0, (len(images), count))

@@ -129,6 +129,8 @@ def test_spread_says_what_the_guides_keep_of_a_proposal(
         "even": [[0.375] * 3] * 2,
     }[spread]
     assert guides[0].proposal.tolist() == expected
+    with pytest.raises(ValueError, match="proposal"):  # cells out of range are refused before any averaging
+        guides[0].set_proposal([[-0.5, 1.0, 0.5], [1.5, 0.0, 0.5]])
 
 
 def test_a_control_deposits_as_many_as_its_loop_even_beyond_the_split() -> None:

@@ -45,12 +45,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dlguard.augment.functional._object_inputs import (
-    check_backgrounds,
-    check_object_images,
-    check_object_masks,
-    worker_count,
-)
+from dlguard._validation import check_object_images, check_object_masks
+from dlguard.augment.functional._object_inputs import check_backgrounds, worker_count
 
 __all__ = ["FILL_COLORS", "REMOVAL_REGIONS", "check_removal", "follow_up_images", "move_objects", "transplant"]
 
