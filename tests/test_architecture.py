@@ -18,7 +18,7 @@ PACKAGE = "dlguard"
 # Lowest first. A module may import from its own layer and from any layer below it, never above.
 # A module belongs to the layer of its longest listed prefix (``dlguard`` itself only matches exactly).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("dlguard._validation", "dlguard._random", "dlguard._distributed"),
+    ("dlguard._validation", "dlguard._random", "dlguard._own_random", "dlguard._distributed"),
     ("dlguard.metrics.functional",),
     ("dlguard.augment.functional",),
     ("dlguard.utilities",),

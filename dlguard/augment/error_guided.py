@@ -36,9 +36,9 @@ class ErrorGuidedAugmentation(nn.Module):
     properties at probability 0.03 on ``mnist_a``'s batches of 64: 2.5 ms a call against 4.5 ms on the
     whole batch, beside a 2.4 ms training step; even from 0.3 up; ``benchmarks/error_guided.py``, 2 CPU
     cores). Properties that draw random numbers (noise, fog, rain: keyed
-    ones get no keys on the training path and draw from the global RNG) transform the whole batch on
-    either path, so a call draws the same numbers whatever the proposal and both paths give the same
-    images (and a guided run shuffles its batches as an unguided one does).
+    ones get no keys on the training path and draw from the global RNG, which a callback seeds from a
+    generator of its own, in its checkpoint) transform the whole batch on either path, so a call draws
+    the same numbers whatever the proposal and both paths give the same images.
 
     **Strength.** An error summary's proposal gives its weakest class x property cell probability 1:
     applied as it stands, every training sample of that class is perturbed, often by several

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -20,6 +21,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Subset
 
 from dlguard import _distributed
+from dlguard._own_random import RankGenerator, drawing_from
 from dlguard._validation import check_budget, check_values, optional_positive_int, positive_int, probability
 from dlguard.augment.guide import Guide
 from dlguard.augment.properties import Property
@@ -133,7 +135,10 @@ class ProbeCallback(Callback, ABC):
     - **Guide protocol.** A callback with a ``guide`` (:class:`~dlguard.augment.Guide`) sets its
       strength from each measurement; from the first measurement on, every training batch is read
       through the batch accessor, augmented as ``guide(inputs, target)`` and written back, in place,
-      on the device, in ``on_train_batch_start``.
+      on the device, in ``on_train_batch_start``. The guide's random numbers come from a generator of
+      the callback's own (seeded from ``seed``, the callback's class and the process's rank; in the
+      checkpoint): a resumed run trains on the draws an uninterrupted run makes, and the global RNG
+      that dropout, the user's augmentations and the loader's shuffling use goes on as without a guide.
 
     How a callback is built (``docs/architecture.md``): it schedules, takes its probe set from this
     base, calls one generator of :mod:`dlguard.generate` that returns a run record, updates its
@@ -190,6 +195,9 @@ class ProbeCallback(Callback, ABC):
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed: expected an integer, got {seed!r}")
         self.seed = seed
+        # the guide's draws: one stream per callback class, so two guides do not draw the same numbers
+        self._guide_random = RankGenerator(seed + zlib.crc32(type(self).__name__.encode()))
+        self._guided = 0  # training batches the guide augmented (a restarted rank reseeds from it)
         self.start_epoch = positive_int("start_epoch", start_epoch, minimum=0)
         if min_accuracy is not None and min_accuracy != "auto":
             probability("min_accuracy", min_accuracy)
@@ -324,6 +332,7 @@ class ProbeCallback(Callback, ABC):
         self._check_model(pl_module)
         if self.guide is not None and isinstance(self.guide, nn.Module):
             self.guide.to(pl_module.device)
+        self._guide_random.setup(trainer.global_rank)
         if stage == "fit":
             self._measured_in_fit, self._rests_in_fit = False, 0
             self._skipped_before_fit = len(self.skipped)
@@ -867,8 +876,13 @@ class ProbeCallback(Callback, ABC):
         if not self._guide_ready():
             return
         inputs, target = self.accessor.read(batch)
-        with torch.no_grad():
-            self.accessor.write(batch, self.guide(inputs, target))
+        with torch.no_grad(), drawing_from(self._guide_random.generator, inputs.device):
+            augmented = self.guide(inputs, target)
+        self.accessor.write(batch, augmented)
+        self._guided += 1
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._guide_random.start(trainer.global_rank, self._guided)  # a checkpoint holds rank zero's generator
 
     # ---- checkpointing -----------------------------------------------------------------------
 
@@ -887,6 +901,8 @@ class ProbeCallback(Callback, ABC):
             "probe": probe_state,
             "skipped": self.skipped,
             "spacing": dict(self._spacing),
+            "guide_generator": self._guide_random.state(),
+            "guided": self._guided,
             **self._extra_state(),
         }
 
@@ -898,4 +914,6 @@ class ProbeCallback(Callback, ABC):
         self._drawn_epoch.pop("validation", None)
         self._restored_probe = state_dict.get("probe")
         self._spacing = {"credit": 0, "cost": 0, "allowed": None, **state_dict.get("spacing", {})}
+        self._guide_random.load(state_dict.get("guide_generator"))
+        self._guided = int(state_dict.get("guided", 0))
         self._load_extra_state(state_dict)

@@ -9,6 +9,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from dlguard._own_random import RankGenerator
 from dlguard._validation import finite_float, probability
 from dlguard.data.batch import BatchAccessor, BatchKeys
 from dlguard.data.failure_bank import FailureBank
@@ -83,18 +84,14 @@ class FailureReplay(Callback):
         self.batch_keys, self.seed = batch_keys, seed
         self.accessor = BatchAccessor(batch_keys)
         self.replayed = 0
-        self._generator: torch.Generator | None = None
+        self._own = RankGenerator(seed)
         self._checked_version = -1
-        self._restored = False
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if self._generator is None:
-            self._generator = torch.Generator().manual_seed(self.seed + trainer.global_rank)
+        self._own.setup(trainer.global_rank)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._restored and trainer.global_rank > 0:  # a checkpoint holds rank zero's generator: draw apart again
-            self._generator = torch.Generator().manual_seed(self.seed + trainer.global_rank + 1_000_003 * self.replayed)
-        self._restored = False
+        self._own.start(trainer.global_rank, self.replayed)  # a checkpoint holds rank zero's generator
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
@@ -112,10 +109,9 @@ class FailureReplay(Callback):
                     f"{tuple(inputs.shape[1:])}"
                 )
             self._checked_version = self.bank.version
-        if self._generator is None:
-            self._generator = torch.Generator().manual_seed(self.seed)
-        rows = torch.randperm(len(inputs), generator=self._generator)[:count].to(inputs.device)
-        stored, labels = self.bank.sample(count, self._generator, device=inputs.device)
+        generator = self._own.generator
+        rows = torch.randperm(len(inputs), generator=generator)[:count].to(inputs.device)
+        stored, labels = self.bank.sample(count, generator, device=inputs.device)
         with torch.no_grad():
             self.accessor.write_rows(batch, rows, stored, labels)
         self.replayed += count
@@ -136,14 +132,15 @@ class FailureReplay(Callback):
         return self._generate_state_key(fraction=self.fraction)
 
     def state_dict(self) -> dict[str, Any]:
-        generator = None if self._generator is None else self._generator.get_state()
-        return {"bank": self.bank.state_dict(), "generator": generator, "replayed": self.replayed, "owed": self._owed}
+        return {
+            "bank": self.bank.state_dict(),
+            "generator": self._own.state(),
+            "replayed": self.replayed,
+            "owed": self._owed,
+        }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         self.bank.load_state_dict(state_dict.get("bank", {}))
         self.replayed = int(state_dict.get("replayed", 0))
         self._owed = float(state_dict.get("owed", 0.0))
-        if state_dict.get("generator") is not None:
-            self._generator = torch.Generator()
-            self._generator.set_state(state_dict["generator"])
-            self._restored = True
+        self._own.load(state_dict.get("generator"))

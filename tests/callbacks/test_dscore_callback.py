@@ -82,6 +82,33 @@ def test_guided_training_batch_is_replaced_in_place() -> None:
     assert batch[0] is images and images.mean() < 0.5  # padded by (1 + p) = 2: a quarter stays bright
 
 
+def test_the_guide_draws_from_the_callback_s_own_generator_in_its_checkpoint() -> None:
+    """Kornia samples the padding from the global RNG: the callback seeds it from a generator of its own
+    (restored with its state), so the global RNG goes on as without a guide and a resumed run pads alike."""
+
+    def guided(callback: DScoreCallback, batches: int) -> list[torch.Tensor]:
+        callback.history.append({"augment_probability": 0.5})
+        padded = []
+        for step in range(batches):
+            batch = [torch.rand(6, 1, 12, 12, generator=torch.Generator().manual_seed(step)), torch.zeros(6).long()]
+            callback.on_train_batch_start(None, None, batch, step)
+            padded.append(batch[0])
+        return padded
+
+    source = DScoreCallback(n=2, guide=ScoreGuidedPadding(p=0.5))
+    torch.manual_seed(7)
+    guided(source, 2)
+    after_guide = torch.rand(3)
+    torch.manual_seed(7)
+    assert torch.equal(after_guide, torch.rand(3))  # the global RNG did not move
+    target = DScoreCallback(n=2, guide=ScoreGuidedPadding(p=0.5))
+    target.load_state_dict(source.state_dict())
+    expected, got = guided(source, 3), guided(target, 3)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    fresh = guided(DScoreCallback(n=2, seed=1, guide=ScoreGuidedPadding(p=0.5)), 3)  # another seed pads otherwise
+    assert not all(torch.equal(a, b) for a, b in zip(fresh, expected, strict=True))
+
+
 def test_state_round_trip() -> None:
     source = DScoreCallback(n=3, guide=ScoreGuidedPadding(p=0.1))
     source.history.append({"epoch": 4, "d_score": 0.6, "augment_probability": 0.37})

@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 
 from dlguard._random import content_keys
-from dlguard.augment import default_properties
+from dlguard.augment import ErrorGuidedAugmentation, ScoreGuidedPadding, default_properties
 from dlguard.callbacks import DScoreCallback, FailureReplay, NeuronCoverageCallback, RobustnessCallback
 from dlguard.metrics.functional import digit_sum
 from dlguard.probes import capture_activations, neuron_layers
@@ -173,27 +173,43 @@ def _metrics(path: Path) -> dict[int, dict[str, float]]:
     return rows
 
 
-def _resumable_callbacks(tmp_path: Path) -> list[L.Callback]:
+def _resumable_callbacks(tmp_path: Path, guided: bool = False) -> list[L.Callback]:
     replay = FailureReplay(fraction=0.25, batch_keys=KEYS)
-    common = {"preprocess": normalize, "batch_keys": KEYS}
+    common: dict = {"preprocess": normalize, "batch_keys": KEYS}
+    if guided:  # measure at every validation, so that the guides change strength after the restart too
+        common["budget"] = None
     return [
-        DScoreCallback(n=2, probe_size=60, **common),
-        RobustnessCallback(per_class=4, pairs=40, combine=digit_sum, bank=replay.bank, **common),
+        DScoreCallback(n=2, probe_size=60, guide=ScoreGuidedPadding() if guided else None, **common),
+        RobustnessCallback(
+            per_class=4,
+            pairs=40,
+            combine=digit_sum,
+            bank=replay.bank,
+            guide=ErrorGuidedAugmentation() if guided else None,
+            **common,
+        ),
         NeuronCoverageCallback(max_profile_batches=2, **common),
         replay,
         ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_top_k=-1, every_n_epochs=1),
     ]
 
 
-def test_a_resumed_run_measures_what_an_uninterrupted_run_measures(tmp_path: Path) -> None:
-    whole = quick_trainer(tmp_path / "whole", _resumable_callbacks(tmp_path / "whole"), epochs=3, val_batches=3)
+@pytest.mark.parametrize("guided", [False, True], ids=["replay", "replay-and-guides"])
+def test_a_resumed_run_measures_what_an_uninterrupted_run_measures(tmp_path: Path, guided: bool) -> None:
+    """Lightning checkpoints no global RNG: the guides' draws (kornia's padding, the properties' noise) must
+    come from the callbacks' own generators, in their checkpoints, or the resumed run trains on other images."""
+    whole_callbacks = _resumable_callbacks(tmp_path / "whole", guided)
+    whole = quick_trainer(tmp_path / "whole", whole_callbacks, epochs=3, val_batches=3)
     whole.fit(NormalizedDigits(), datamodule=DigitDicts())
     first_epoch = next((tmp_path / "whole" / "checkpoints").glob("epoch=0*.ckpt"))
-    resumed_callbacks = _resumable_callbacks(tmp_path / "resumed")
+    resumed_callbacks = _resumable_callbacks(tmp_path / "resumed", guided)
     resumed = quick_trainer(tmp_path / "resumed", resumed_callbacks, epochs=3, val_batches=3)
     resumed.fit(NormalizedDigits(), datamodule=DigitDicts(), ckpt_path=first_epoch)
     expected, got = _metrics(tmp_path / "whole" / "metrics.csv"), _metrics(tmp_path / "resumed" / "metrics.csv")
     assert resumed_callbacks[3].replayed > 0  # failures found at epoch 0 were replayed after the restart
+    if guided:  # both guides augmented the 4 batches of epochs 1 and 2, at strengths the restart changed
+        assert [c._guided for c in resumed_callbacks[:2]] == [c._guided for c in whole_callbacks[:2]] == [8, 8]
+        assert got[1]["dscore/guide_p"] != got[2]["dscore/guide_p"]
     assert sorted(got) == [1, 2] and expected[1].keys() == got[1].keys()
     for epoch in (1, 2):
         assert got[epoch] == expected[epoch], epoch
