@@ -6,6 +6,7 @@
                                      [--hda|--robustness|--metamorphic|--dscore|--relevancy KEY=VALUE ...]
                                      [--replay|--bank|--guide|--padding KEY=VALUE ...]
                                      [--violation_guide [KEY=VALUE ...]] [--spread cell|property|even]
+    python benchmarks/closed_loop.py --results results.json   # the tables of a file written by --out
 
 ``--<callback> KEY=VALUE`` overrides that callback's defaults (e.g. ``--metamorphic budget=None``);
 ``--replay`` and ``--bank`` those of ``FailureReplay`` and ``FailureBank`` (in loops and controls
@@ -60,6 +61,12 @@ mutants and padding translations of the test split; higher is better), and HDA's
 model; the density-weighted share it still gets right), and on the scenes accuracy on the test
 digits recomposited on backgrounds of random kinds (``shuffled``, object relevancy's) --;
 and the fit's wall time, over ``plain``'s. Mean ± standard deviation over the seeds.
+
+A second table compares seed by seed, since every arm of a seed shares the split, the initial weights
+and the shuffles: each loop against its controls (on mCA and on its own measure), and the ``dlguard``
+arm against the best standard augmentation (mCA, PGD) and plain training (clean accuracy, PGD). A row
+gives the mean of the per-seed differences ± its standard error and the seeds in which the first arm
+did better; a mean within two standard errors of 0 is no difference these seeds can show.
 
 Settings: ``mnist`` is ``mnist_a`` on the embedded MNIST (3,500 training, 1,000 validation, 500
 test digits, stratified); ``scenes`` is a ResNet-18 (3x3 stride-1 stem) on dlguard's 32x32 RGB
@@ -697,6 +704,57 @@ def summarise(results: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
+OWN_MEASURE = {
+    "robustness": ("local_robustness", 1),
+    "dscore": ("d_score", 1),
+    "hda": ("R_g", 1),
+    "metamorphic": ("violation_rate", -1),
+    "relevancy": ("shuffled", 1),
+}
+"""Each loop's own measure in the judge's record, and its direction (1: higher is better, -1: lower)."""
+
+
+def comparisons(results: dict[str, list[dict]]) -> list[tuple[str, str, list[tuple[str, int]]]]:
+    """``(arm, reference, [(measure, direction), ...])`` for the arms in ``results``.
+
+    Each loop against its controls, ``dlguard`` against the standard augmentation of the best mean mCA and
+    against plain training.
+    """
+    pairs = [
+        (loop, control, [("mCA", 1), OWN_MEASURE[loop]])
+        for loop in OWN_MEASURE
+        for control in CONTROLS
+        if control.split("-")[0] == loop and loop in results and control in results
+    ]
+    standard = [arm for arm in STANDARD if results.get(arm)]
+    if results.get("dlguard") and standard:
+        best = max(standard, key=lambda arm: mean(r["mCA"] for r in results[arm]))
+        pairs.append(("dlguard", best, [("mCA", 1), ("pgd", 1)]))
+    if results.get("dlguard") and results.get("plain"):
+        pairs.append(("dlguard", "plain", [("clean", 1), ("pgd", 1)]))
+    return pairs
+
+
+def paired(results: dict[str, list[dict]]) -> list[str]:
+    """Seed-by-seed differences: mean ± standard error over the seeds both arms ran, and the seeds won.
+
+    The i-th run of every arm is the same seed's (``main`` runs every arm of a seed before the next seed).
+    """
+    lines = ["| arm − reference | measure | mean difference ± s.e. | seeds better |", "|---|---|---|---|"]
+    for arm, reference, measures in comparisons(results):
+        for measure, direction in measures:
+            runs = zip(results[arm], results[reference], strict=False)
+            diffs = [a[measure] - b[measure] for a, b in runs if measure in a and measure in b]
+            if not diffs:
+                continue
+            error = stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
+            better = sum(direction * d > 0 for d in diffs)
+            arrow = " ↓" if direction < 0 else ""
+            difference = f"{mean(diffs):+.3f} ± {error:.3f}"
+            lines.append(f"| {arm} − {reference} | {measure}{arrow} | {difference} | {better} of {len(diffs)} |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--setting", choices=tuple(SETTINGS), default="mnist")
@@ -707,9 +765,14 @@ def main() -> None:
     parser.add_argument("--combine", nargs="+", choices=LOOPS[:-1], default=[], help="the dlguard arm's loops")
     parser.add_argument("--accelerator", choices=("cpu", "gpu"), default="cpu", help="where fits and judging run")
     parser.add_argument("--spread", choices=SPREADS, default="cell", help="what the loops' guides keep of a proposal")
+    parser.add_argument("--results", type=Path, default=None, help="print the tables of a JSON file --out wrote")
     for name in OPTIONS:
         parser.add_argument(f"--{name}", nargs="*", default=None, metavar="KEY=VALUE", help=f"{name}'s arguments")
     args = parser.parse_args()
+    if args.results:
+        results = json.loads(args.results.read_text())
+        print("\n".join([*summarise(results), "", *paired(results)]))
+        return
     COMBINED[:] = args.combine
     SPREAD[:] = [args.spread]
     VIOLATION_GUIDE[:] = [] if args.violation_guide is None else [True]  # the flag alone: the guide's defaults
@@ -745,7 +808,7 @@ def main() -> None:
                 print(f"    warned: {said}")
             if args.out:
                 args.out.write_text(json.dumps(results, indent=1))
-    print("\n".join(summarise(results)))
+    print("\n".join([*summarise(results), "", *paired(results)]))
 
 
 if __name__ == "__main__":

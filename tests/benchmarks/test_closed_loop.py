@@ -239,3 +239,24 @@ def test_the_relevancy_control_follows_its_loop_s_dose(monkeypatch: pytest.Monke
     assert sum(deposits.values()) > 0 and all(n % 3 == 0 for n in deposits.values())  # 3 backgrounds per digit
     assert {e: n for e, n in deposits.items() if n} == control["dose"]["deposits"]
     assert control["replayed"] == measured["replayed"] > 0
+
+
+def test_the_paired_table_differences_each_seed_s_runs() -> None:
+    results = {
+        "plain": [{"clean": 0.90, "pgd": 0.50, "mCA": 0.80}, {"clean": 0.94, "pgd": 0.60, "mCA": 0.82}],
+        "noise": [{"mCA": 0.80, "pgd": 0.70}, {"mCA": 0.81, "pgd": 0.70}],
+        "augmix": [{"mCA": 0.85, "pgd": 0.55}, {"mCA": 0.83, "pgd": 0.50}],  # the better mean mCA: the reference
+        "metamorphic": [{"mCA": 0.84, "violation_rate": 0.05}, {"mCA": 0.86, "violation_rate": 0.07}],
+        "metamorphic-open": [{"mCA": 0.85, "violation_rate": 0.06}, {"mCA": 0.84, "violation_rate": 0.10}],
+        "dlguard": [{"clean": 0.91, "mCA": 0.88, "pgd": 0.52}, {"clean": 0.92, "mCA": 0.82, "pgd": 0.58}],
+    }
+    rows = cl.paired(results)[2:]
+    # per-seed differences (a, b): mean (a + b) / 2, standard error |a - b| / 2, seeds where the arm did better
+    assert rows == [
+        "| metamorphic − metamorphic-open | mCA | +0.005 ± 0.015 | 1 of 2 |",  # -0.01, +0.02
+        "| metamorphic − metamorphic-open | violation_rate ↓ | -0.020 ± 0.010 | 2 of 2 |",  # -0.01, -0.03: lower
+        "| dlguard − augmix | mCA | +0.010 ± 0.020 | 1 of 2 |",  # +0.03, -0.01
+        "| dlguard − augmix | pgd | +0.025 ± 0.055 | 1 of 2 |",  # -0.03, +0.08
+        "| dlguard − plain | clean | -0.005 ± 0.015 | 1 of 2 |",  # +0.01, -0.02
+        "| dlguard − plain | pgd | +0.000 ± 0.020 | 1 of 2 |",  # +0.02, -0.02
+    ]
