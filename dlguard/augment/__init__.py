@@ -4,7 +4,7 @@ Also object relevancy's follow-ups (SPEC §3) and their cache: like every pertur
 (what runs a model lives in :mod:`dlguard.generate`).
 """
 
-from dlguard.augment.error_guided import ErrorGuidedAugmentation
+from dlguard.augment.error_guided import ErrorGuidedAugmentation, proposal_from_rates
 from dlguard.augment.follow_up_cache import FollowUpCache
 from dlguard.augment.follow_ups import (
     MUTATION_FUNCTIONS,
@@ -43,4 +43,5 @@ __all__ = [
     "label_preserving_properties",
     "object_follow_ups",
     "property_preset",
+    "proposal_from_rates",
 ]

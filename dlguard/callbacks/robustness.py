@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from dlguard._validation import optional_positive_int, positive_int
-from dlguard.augment.error_guided import ErrorGuidedAugmentation
+from dlguard.augment.error_guided import ErrorGuidedAugmentation, proposal_from_rates
 from dlguard.augment.properties import Property, check_properties, check_property_inputs, default_properties
 from dlguard.callbacks.base import ProbeCallback, ProbeOptions
 from dlguard.data.failure_bank import FailureBank
@@ -36,8 +36,7 @@ def _local_proposal(local: Mapping[str, LocalRobustnessResult], properties: Sequ
     rates = torch.stack(
         [(1 - local[p.name].per_class).nan_to_num(0.0).mean(dim=0) for p in properties], dim=1
     )  # (classes, properties)
-    top = float(rates.max()) if rates.numel() else 0.0
-    return (rates / top if top > 0 else torch.zeros_like(rates)).clamp(0, 1).tolist()
+    return proposal_from_rates(rates).tolist()
 
 
 class RobustnessCallback(ProbeCallback):

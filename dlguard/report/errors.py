@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from dlguard._validation import check_combine, check_labels, positive_int
+from dlguard.augment.error_guided import proposal_from_rates
 from dlguard.metrics.functional.robustness import digit_sum
 
 __all__ = ["ErrorSummary", "summarize_errors"]
@@ -253,8 +254,7 @@ def summarize_errors(
         {"true": t, "predicted": p, "property": prop, "count": n}
         for (t, p, prop), n in sorted(confusion_counts.items(), key=lambda item: (-item[1], item[0]))
     ]
-    top_rate = float(failure_rate.max()) if failure_rate.numel() else 0.0
-    proposal = (failure_rate / top_rate).clamp(0, 1) if top_rate > 0 else torch.zeros_like(failure_rate)
+    proposal = proposal_from_rates(failure_rate)
     return ErrorSummary(
         properties=names,
         num_classes=num_classes,

@@ -5,7 +5,13 @@ import pickle
 import pytest
 import torch
 
-from dlguard.augment import ErrorGuidedAugmentation, Property, default_properties, label_preserving_properties
+from dlguard.augment import (
+    ErrorGuidedAugmentation,
+    Property,
+    default_properties,
+    label_preserving_properties,
+    proposal_from_rates,
+)
 
 from .conftest import HostSyncRecorder
 
@@ -189,3 +195,20 @@ def test_bad_arguments() -> None:
         aug.set_proposal([[0.5, 0.5]])
     with pytest.raises(ValueError, match=r"proposal: expected probabilities in \[0, 1\]"):
         aug.set_proposal([[0.5, 0.5, 1.5]])
+
+
+def test_a_proposal_from_rates_gives_the_weakest_cell_one_and_the_others_their_share_of_it() -> None:
+    rates = torch.tensor([[0.0, 0.3, 0.05], [0.6, 0.15, 0.0]], dtype=torch.float64)
+    expected = [[0.0, 0.5, 1 / 12], [1.0, 0.25, 0.0]]  # each cell over the largest rate, 0.6
+    assert torch.allclose(proposal_from_rates(rates), torch.tensor(expected, dtype=torch.float64))
+    assert proposal_from_rates(rates).dtype == torch.float64
+    assert proposal_from_rates(torch.zeros(3, 2)).tolist() == [[0.0, 0.0]] * 3  # nothing failed: nothing to apply
+    assert proposal_from_rates(torch.zeros(0, 2)).shape == (0, 2)
+    for bad, message in [
+        (torch.ones(3), "rates: expected a \\(classes, properties\\) tensor"),
+        ([[0.1, 0.2]], "rates: expected a \\(classes, properties\\) tensor"),
+        (torch.tensor([[0.1, float("nan")]]), "rates: expected non-negative"),
+        (torch.tensor([[0.1, -0.2]]), "rates: expected non-negative"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            proposal_from_rates(bad)  # type: ignore[arg-type]
