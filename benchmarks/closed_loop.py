@@ -735,16 +735,26 @@ def comparisons(results: dict[str, list[dict]]) -> list[tuple[str, str, list[tup
     return pairs
 
 
+def _same_seeds(runs: list[dict], references: list[dict], measure: str) -> list[tuple[dict, dict]]:
+    """Pairs of runs of one seed, both with ``measure``: by ``seed`` where every run has one, else by position."""
+    if all("seed" in run for run in runs + references):
+        by_seed = {run["seed"]: run for run in references}
+        pairs = [(run, by_seed[run["seed"]]) for run in runs if run["seed"] in by_seed]
+    else:
+        pairs = list(zip(runs, references, strict=False))
+    return [(a, b) for a, b in pairs if measure in a and measure in b]
+
+
 def paired(results: dict[str, list[dict]]) -> list[str]:
     """Seed-by-seed differences: mean ± standard error over the seeds both arms ran, and the seeds won.
 
-    The i-th run of every arm is the same seed's (``main`` runs every arm of a seed before the next seed).
+    Runs are paired by their ``seed``; files written before runs recorded it pair the i-th runs (``main``
+    runs every arm of a seed before the next seed).
     """
     lines = ["| arm − reference | measure | mean difference ± s.e. | seeds better |", "|---|---|---|---|"]
     for arm, reference, measures in comparisons(results):
         for measure, direction in measures:
-            runs = zip(results[arm], results[reference], strict=False)
-            diffs = [a[measure] - b[measure] for a, b in runs if measure in a and measure in b]
+            diffs = [a[measure] - b[measure] for a, b in _same_seeds(results[arm], results[reference], measure)]
             if not diffs:
                 continue
             error = stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
@@ -795,6 +805,7 @@ def main() -> None:
         doses: dict[str, Any] = {}
         for arm in args.arms:
             model, record = fit(arm, setting, seed, args.epochs, doses, args.accelerator)
+            record["seed"] = seed
             record.update(judge(model, setting, corrupted, distribution))
             results[arm].append(record)
             extra = f", replayed {record['replayed']}" if "replayed" in record else ""

@@ -9,7 +9,8 @@ uninterrupted one, and moves the numbers that dropout and the user's own augment
   rank zero reseed, so that they keep drawing apart.
 - :func:`drawing_from` runs code that draws from the global RNG (kornia's parameter sampling, a
   property's noise) on numbers seeded from such a generator, on the CPU and on the batch's device,
-  and puts both global generators back as they were.
+  and puts both global generators back as they were. Devices whose module keeps
+  ``default_generators`` (CUDA, XPU) are covered; on others (MPS) only the CPU's draws are.
 """
 
 from __future__ import annotations

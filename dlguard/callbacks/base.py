@@ -137,8 +137,10 @@ class ProbeCallback(Callback, ABC):
       through the batch accessor, augmented as ``guide(inputs, target)`` and written back, in place,
       on the device, in ``on_train_batch_start``. The guide's random numbers come from a generator of
       the callback's own (seeded from ``seed``, the callback's class and the process's rank; in the
-      checkpoint): a resumed run trains on the draws an uninterrupted run makes, and the global RNG
+      checkpoint): a resumed run in one process trains on the draws an uninterrupted run makes (under
+      DDP the checkpoint holds rank zero's generator and the other ranks reseed), and the global RNG
       that dropout, the user's augmentations and the loader's shuffling use goes on as without a guide.
+      Two guided callbacks of one class need different ``seed`` values to draw different numbers.
 
     How a callback is built (``docs/architecture.md``): it schedules, takes its probe set from this
     base, calls one generator of :mod:`dlguard.generate` that returns a run record, updates its

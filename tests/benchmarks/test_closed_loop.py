@@ -260,3 +260,20 @@ def test_the_paired_table_differences_each_seed_s_runs() -> None:
         "| dlguard − plain | clean | -0.005 ± 0.015 | 1 of 2 |",  # +0.01, -0.02
         "| dlguard − plain | pgd | +0.000 ± 0.020 | 1 of 2 |",  # +0.02, -0.02
     ]
+
+
+def test_the_paired_table_pairs_runs_by_seed_where_they_record_it() -> None:
+    """A file merged from processes may hold an arm's seeds in another order or miss one."""
+    results = {
+        "hda": [{"seed": 2, "mCA": 0.90, "R_g": 0.5}, {"seed": 0, "mCA": 0.80, "R_g": 0.7}],
+        "hda-open": [
+            {"seed": 0, "mCA": 0.70, "R_g": 0.6},
+            {"seed": 1, "mCA": 0.10, "R_g": 0.0},
+            {"seed": 2, "mCA": 0.95, "R_g": 0.4},
+        ],
+    }
+    # seed 2: -0.05 and +0.1; seed 0: +0.1 and +0.1; seed 1 has no loop run
+    assert cl.paired(results)[2:] == [
+        "| hda − hda-open | mCA | +0.025 ± 0.075 | 1 of 2 |",
+        "| hda − hda-open | R_g | +0.100 ± 0.000 | 2 of 2 |",
+    ]
