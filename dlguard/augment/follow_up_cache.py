@@ -10,6 +10,7 @@ import hashlib
 import os
 from pathlib import Path
 
+import cv2
 import torch
 from torch import Tensor
 
@@ -19,6 +20,16 @@ from dlguard.augment.functional._object_inputs import check_backgrounds, worker_
 from dlguard.augment.functional.object_mutations import check_removal, follow_up_images
 
 __all__ = ["FollowUpCache"]
+
+FORMAT = 1
+"""The follow-ups' format: bump it whenever :func:`follow_up_images` makes other images from the same inputs, so
+that files written before are not read back. The OpenCV version, whose filters make the pixels, is part of the
+file name as well."""
+
+
+def _made_by() -> str:
+    """What made a file's follow-ups: the format and the OpenCV version."""
+    return f"f{FORMAT}-cv{cv2.__version__}"
 
 
 def _backgrounds_hash(backgrounds: Tensor) -> str:
@@ -31,8 +42,10 @@ class FollowUpCache:
 
     Entries are keyed by an integer per image (e.g. :func:`~dlguard._random.content_keys` of the probe set)
     together with a hash of the backgrounds and the removal region, so changing either regenerates everything.
-    With a ``directory`` each image's follow-ups are also one file ``<key>_<backgrounds hash>-<removal>.pt`` (written
-    atomically, so processes may share the directory), read back by later caches.
+    With a ``directory`` each image's follow-ups are also one file
+    ``<key>_<backgrounds hash>-<removal>-f<FORMAT>-cv<OpenCV version>.pt`` (written atomically, so processes
+    may share the directory), read back by later caches made by the same follow-up format and OpenCV version:
+    after an upgrade that changes how follow-ups are made, the old files are ignored and new ones written.
 
     Attributes:
         directory: where the files live, or ``None`` (memory only).
@@ -115,7 +128,7 @@ class FollowUpCache:
         backgrounds = check_backgrounds(backgrounds, images)
         workers = worker_count(workers, len(images))
         check_removal(removal)
-        digest = f"{_backgrounds_hash(backgrounds)}-{removal}"
+        digest = f"{_backgrounds_hash(backgrounds)}-{removal}-{_made_by()}"
         function, preserving, names = follow_up_layout(len(backgrounds))
         shape = (len(names), *images.shape[1:])
         wanted = [int(k) for k in keys.tolist()]

@@ -33,6 +33,23 @@ def test_cache_generates_each_image_once_and_reads_files_back(textured, tmp_path
     assert torch.equal(swapped.background_swapped(), reference.background_swapped().flip(1))
 
 
+def test_files_of_another_follow_up_format_or_opencv_version_are_not_read(textured, tmp_path, monkeypatch) -> None:
+    images, masks, backgrounds, _ = textured
+    keys = torch.tensor([1, 2, 3])
+    FollowUpCache(tmp_path).get_or_make(keys, images, masks, backgrounds, workers=1)
+    monkeypatch.setattr(follow_up_cache, "FORMAT", follow_up_cache.FORMAT + 1)  # follow_up_images changed
+    newer = FollowUpCache(tmp_path)
+    newer.get_or_make(keys, images, masks, backgrounds, workers=1)
+    assert (newer.generated, newer.loaded) == (3, 0)
+    monkeypatch.setattr(follow_up_cache.cv2, "__version__", "0.0.0")  # another OpenCV
+    other = FollowUpCache(tmp_path)
+    other.get_or_make(keys, images, masks, backgrounds, workers=1)
+    assert (other.generated, other.loaded) == (3, 0) and len(list(tmp_path.glob("*.pt"))) == 9
+    again = FollowUpCache(tmp_path)  # the same format and version read their own files
+    again.get_or_make(keys, images, masks, backgrounds, workers=1)
+    assert (again.generated, again.loaded) == (0, 3)
+
+
 def test_cache_in_memory_generates_only_the_missing_keys(textured, monkeypatch) -> None:
     images, masks, backgrounds, reference = textured
     calls: list[int] = []
