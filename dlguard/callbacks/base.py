@@ -156,7 +156,9 @@ class ProbeCallback(Callback, ABC):
             (predictions ``(B,)`` for a regression task).
         batch_keys: ``(inputs key, target key)`` or a callable ``batch -> (inputs, target)``.
         dataloader_idx: the evaluation loader probe sets are drawn from.
-        seed: seed of the probe draw (and of any other random choice the callback makes).
+        seed: seed of the probe draw (and of any other random choice the callback makes). Two callbacks of
+            one class in a ``Trainer`` need different arguments -- a ``seed``, a ``dataloader_idx`` or their
+            own settings -- so that their checkpoint keys differ.
         start_epoch: first training epoch whose validation may measure (``fit`` only).
         min_accuracy: validation accuracy the model must reach before a probe set is drawn
             (classification callbacks); ``"auto"``: a third of the way from chance ``1/K`` to 1; ``None``: none.
@@ -235,6 +237,14 @@ class ProbeCallback(Callback, ABC):
         self._spacing: dict[str, int | None] = {"credit": 0, "cost": 0, "allowed": None}  # see _rests
         self._resting = False  # this fit validation measures nothing: it saves its budget (_rests)
         self._warned_spacing = False
+
+    def _generate_state_key(self, **kwargs: Any) -> str:
+        # two callbacks of one class in a Trainer need two keys: one per validation loader, or per seed, is a
+        # setting users have (added only when not the default, so that default callbacks keep their key)
+        shared = {
+            name: value for name, value in (("dataloader_idx", self.dataloader_idx), ("seed", self.seed)) if value
+        }
+        return super()._generate_state_key(**kwargs, **shared)
 
     @staticmethod
     def _check_bank(bank: object) -> None:

@@ -151,7 +151,11 @@ class ObjectRelevancyCallback(ProbeCallback):
 
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(probe_size=self.probe_size, p_high=self.p_high, s_low=self.s_low)
+        # box against mask removal side by side is a comparison users make: both need their own key
+        variants = {"removal": self.removal} if self.removal != "box" else {}
+        if self.fresh_backgrounds != 10:
+            variants["fresh_backgrounds"] = self.fresh_backgrounds
+        return self._generate_state_key(probe_size=self.probe_size, p_high=self.p_high, s_low=self.s_low, **variants)
 
     def _forward_passes(self, inputs: int) -> int:
         # the sources and their F = 2·N + 14 follow-ups (N backgrounds); one input sizes the passes

@@ -51,7 +51,8 @@ class FailureReplay(Callback):
         fraction: the most of a batch replaced, in ``[0, 1]`` (with ``repeats=None``: the share of every batch).
         repeats: replays of each stored failure per training epoch, on average (``> 0``), or ``None``.
         batch_keys: ``(inputs key, target key)`` or a callable ``batch -> (inputs, target)``.
-        seed: seed of the draws (each process adds its rank).
+        seed: seed of the draws (each process adds its rank); two replays in one ``Trainer`` (one per bank)
+            need different seeds, doses or fractions, which their checkpoint keys tell apart.
 
     Example:
         >>> import torch
@@ -129,7 +130,11 @@ class FailureReplay(Callback):
 
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(fraction=self.fraction)
+        # one replay per bank is a setting users have: a seed or dose of its own gives each its own key
+        variants: dict[str, Any] = {} if self.repeats == 1.0 else {"repeats": self.repeats}
+        if self.seed:
+            variants["seed"] = self.seed
+        return self._generate_state_key(fraction=self.fraction, **variants)
 
     def state_dict(self) -> dict[str, Any]:
         return {

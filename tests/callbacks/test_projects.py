@@ -14,7 +14,13 @@ from torch import nn
 
 from dlguard._random import content_keys
 from dlguard.augment import ErrorGuidedAugmentation, ScoreGuidedPadding, default_properties
-from dlguard.callbacks import DScoreCallback, FailureReplay, NeuronCoverageCallback, RobustnessCallback
+from dlguard.callbacks import (
+    DScoreCallback,
+    FailureReplay,
+    NeuronCoverageCallback,
+    ObjectRelevancyCallback,
+    RobustnessCallback,
+)
 from dlguard.metrics.functional import digit_sum
 from dlguard.probes import capture_activations, neuron_layers
 from tests.callbacks.projects import DigitDicts, NormalizedDigits, normalize
@@ -308,3 +314,26 @@ def test_end_of_run_figures_are_written_without_a_collective(tmp_path: Path) -> 
     trainer.fit(NormalizedDigits(), datamodule=DigitDicts())
     written = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.png")}
     assert {"dscore/dscore_distributions.png", "coverage/coverage_by_layer.png"} <= written
+
+
+def test_two_callbacks_of_one_class_side_by_side_keep_their_own_checkpoint_state(tmp_path: Path) -> None:
+    """Box against mask removal, one callback per validation loader, one replay per bank: Lightning refuses
+    two stateful callbacks with one key, so each setting users have must give a key of its own."""
+    pairs = [
+        (ObjectRelevancyCallback(removal="box"), ObjectRelevancyCallback(removal="mask")),
+        (ObjectRelevancyCallback(), ObjectRelevancyCallback(fresh_backgrounds=3)),
+        (RobustnessCallback(dataloader_idx=0), RobustnessCallback(dataloader_idx=1)),
+        (DScoreCallback(n=2), DScoreCallback(n=2, seed=1)),
+        (FailureReplay(), FailureReplay(seed=1)),
+        (FailureReplay(), FailureReplay(repeats=None)),
+    ]
+    for first, second in pairs:
+        assert first.state_key != second.state_key
+        L.Trainer(callbacks=[first, second], logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    # default callbacks keep the key their checkpoints were written under
+    assert RobustnessCallback().state_key == "RobustnessCallback{'properties': ['noise', 'rotation', 'brightness']}"
+    assert FailureReplay().state_key == "FailureReplay{'fraction': 0.25}"
+    with pytest.raises(
+        RuntimeError, match="more than one stateful callback"
+    ):  # the same settings twice: Lightning's refusal
+        L.Trainer(callbacks=[FailureReplay(), FailureReplay()], logger=False, enable_checkpointing=False)
