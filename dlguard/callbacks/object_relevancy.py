@@ -32,6 +32,9 @@ callable ``images (B, C, H, W) -> masks (B, H, W) bool`` (e.g. a threshold for d
 _DEFAULT_KINDS = (0, 1, 2, 5)  # two photo crops and two textures of dlguard.data.BACKGROUND_KINDS
 
 
+_FRESH_BACKGROUNDS = 10  # the default; another count enters the checkpoint key
+
+
 class ObjectRelevancyCallback(ProbeCallback):
     """Object relevancy (SPEC §3) of a classifier's inferences on a fixed probe set, fed back as failures.
 
@@ -112,7 +115,7 @@ class ObjectRelevancyCallback(ProbeCallback):
         p_high: float = 0.9,
         s_low: float = 0.5,
         bank: FailureBank | None = None,
-        fresh_backgrounds: int = 10,
+        fresh_backgrounds: int = _FRESH_BACKGROUNDS,
         cache_dir: str | Path | None = None,
         workers: int | None = None,
         gallery: int = 8,
@@ -153,7 +156,7 @@ class ObjectRelevancyCallback(ProbeCallback):
     def state_key(self) -> str:
         # box against mask removal side by side is a comparison users make: both need their own key
         variants = {"removal": self.removal} if self.removal != "box" else {}
-        if self.fresh_backgrounds != 10:
+        if self.fresh_backgrounds != _FRESH_BACKGROUNDS:
             variants["fresh_backgrounds"] = self.fresh_backgrounds
         return self._generate_state_key(probe_size=self.probe_size, p_high=self.p_high, s_low=self.s_low, **variants)
 

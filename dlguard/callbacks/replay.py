@@ -16,6 +16,8 @@ from dlguard.data.failure_bank import FailureBank
 
 __all__ = ["FailureReplay"]
 
+_REPEATS = 1.0  # the default dose; another enters the checkpoint key
+
 
 class FailureReplay(Callback):
     """Substitute failures from a :class:`~dlguard.data.FailureBank` into training batches, in place.
@@ -68,7 +70,7 @@ class FailureReplay(Callback):
         self,
         bank: FailureBank | None = None,
         fraction: float = 0.25,
-        repeats: float | None = 1.0,
+        repeats: float | None = _REPEATS,
         batch_keys: BatchKeys = (0, 1),
         seed: int = 0,
     ) -> None:
@@ -131,7 +133,7 @@ class FailureReplay(Callback):
     @property
     def state_key(self) -> str:
         # one replay per bank is a setting users have: a seed or dose of its own gives each its own key
-        variants: dict[str, Any] = {} if self.repeats == 1.0 else {"repeats": self.repeats}
+        variants: dict[str, Any] = {} if self.repeats == _REPEATS else {"repeats": self.repeats}
         if self.seed:
             variants["seed"] = self.seed
         return self._generate_state_key(fraction=self.fraction, **variants)
