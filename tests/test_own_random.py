@@ -74,3 +74,27 @@ def test_the_block_draws_from_the_generator_and_the_global_rng_is_restored_after
     assert torch.equal(after, untouched)
     assert not torch.equal(block_draws(1)[0], inside)
     assert torch.equal(block_draws(0, fail=True)[1], untouched)
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_device_generator_is_seeded_from_the_generator_and_restored() -> None:
+    def draws(seed: int, fail: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        torch.cuda.manual_seed(7)
+        inside = torch.empty(0)
+        with pytest.raises(RuntimeError) if fail else nullcontext():
+            with drawing_from(torch.Generator().manual_seed(seed), "cuda"):
+                inside = torch.rand(4, device="cuda").cpu()
+                if fail:
+                    raise RuntimeError("boom")
+        return inside, torch.rand(4, device="cuda").cpu()
+
+    torch.cuda.manual_seed(7)
+    untouched = torch.rand(4, device="cuda").cpu()
+    inside, after = draws(0)
+    # inside: the CUDA generator seeded with the one draw the CPU generator gives (computed another way)
+    seed = int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(0)))
+    expected = torch.rand(4, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)).cpu()
+    assert torch.equal(inside, expected)
+    assert torch.equal(after, untouched)
+    assert torch.equal(draws(0)[0], inside) and not torch.equal(draws(1)[0], inside)
+    assert torch.equal(draws(0, fail=True)[1], untouched)
