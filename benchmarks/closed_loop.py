@@ -6,7 +6,10 @@
                                      [--hda|--robustness|--metamorphic|--dscore|--relevancy KEY=VALUE ...]
                                      [--replay|--bank|--guide|--padding KEY=VALUE ...]
                                      [--violation_guide [KEY=VALUE ...]] [--spread cell|property|even]
+                                     [--properties framework|label_preserving|deeptest_roads ...]
     python benchmarks/closed_loop.py --results results.json   # the tables of a file written by --out
+    python benchmarks/closed_loop.py --results part1.json part2.json --out merged.json  # one file of several
+    bash benchmarks/closed_loop_gpu.sh merged.json --setting scenes   # one process per loop and seed
 
 ``--<callback> KEY=VALUE`` overrides that callback's defaults (e.g. ``--metamorphic budget=None``);
 ``--replay`` and ``--bank`` those of ``FailureReplay`` and ``FailureBank`` (in loops and controls
@@ -17,6 +20,9 @@ then applies those transformations at the loop's mean strength). ``--spread`` sa
 ``ErrorGuidedAugmentation`` guides keep of a proposal: ``cell`` (default) each class's probability of
 each transformation, ``property`` each transformation's mean over the classes, the same for every class,
 ``even`` the proposal's mean for every class and transformation (the measurement sets only the dose).
+``--properties`` names the property presets the robustness loop sweeps, its guide applies and its
+control draws from (default ``framework``, the trio; several: their union, a repeated name keeping
+the first preset's property).
 ``--combine`` names the loops the
 ``dlguard`` arm combines (default: all of the setting's). ``--accelerator gpu`` fits and judges on the GPU.
 
@@ -103,7 +109,14 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision.transforms import v2
 
-from dlguard.augment import ErrorGuidedAugmentation, ScoreGuidedPadding, default_properties, property_preset
+from dlguard.augment import (
+    PROPERTY_PRESETS,
+    ErrorGuidedAugmentation,
+    Property,
+    ScoreGuidedPadding,
+    default_properties,
+    property_preset,
+)
 from dlguard.callbacks import (
     DScoreCallback,
     FailureReplay,
@@ -445,6 +458,15 @@ class SpreadGuide(ErrorGuidedAugmentation):
         super().set_proposal(kept.expand_as(table))
 
 
+def robustness_properties() -> list[Property]:
+    """The properties of the presets ``--properties`` names, in order; a name already taken keeps its first."""
+    chosen: dict[str, Property] = {}
+    for preset in PROPERTIES:
+        for prop in property_preset(preset, "--properties"):
+            chosen.setdefault(prop.name, prop)
+    return list(chosen.values())
+
+
 def error_guide(*args: Any, **kwargs: Any) -> ErrorGuidedAugmentation:
     """A loop's ``ErrorGuidedAugmentation``, keeping of each proposal what ``--spread`` says."""
     return (
@@ -463,8 +485,10 @@ def loop_arm(name: str, setting: Setting, seed: int) -> Arm:
     replay = FailureReplay(bank=bank, seed=seed, **OPTIONS["replay"])
     parts: dict[str, Callable[[], tuple[L.Callback, nn.Module | None]]] = {
         "robustness": lambda: _with_guide(
-            lambda guide: RobustnessCallback(guide=guide, bank=bank, **{**options, **OPTIONS["robustness"]}),
-            error_guide(**OPTIONS["guide"]),
+            lambda guide: RobustnessCallback(
+                properties=robustness_properties(), guide=guide, bank=bank, **{**options, **OPTIONS["robustness"]}
+            ),
+            error_guide(robustness_properties(), **OPTIONS["guide"]),
         ),
         "dscore": lambda: _with_guide(
             lambda guide: DScoreCallback(guide=guide, **{**options, **OPTIONS["dscore"]}),
@@ -510,14 +534,18 @@ def open_arm(name: str, setting: Setting, seed: int, dose: dict[str, Any]) -> Ar
         assert setting.val_masks is not None
         control = RelevancyOpenLoop(setting.val, setting.val_masks, dose["deposits"], bank, fresh, seed=seed)
         return Arm([control, FailureReplay(bank=bank, seed=seed, **OPTIONS["replay"])])
-    generate, guide = {
-        "robustness": (random_properties(default_properties()), ErrorGuidedAugmentation(strength=1.0)),
-        "metamorphic": (
+    make: dict[str, Callable[[], tuple[Callable[[Tensor, Tensor, nn.Module], Tensor], nn.Module | None]]] = {
+        "robustness": lambda: (
+            random_properties(robustness_properties()),
+            ErrorGuidedAugmentation(robustness_properties(), strength=1.0),
+        ),
+        "metamorphic": lambda: (
             random_properties(property_preset("label_preserving")),
             ErrorGuidedAugmentation(property_preset("label_preserving"), strength=1.0) if VIOLATION_GUIDE else None,
         ),
-        "hda": (pgd_cases(EPS) if variant == "pgd" else ball_noise(EPS), None),
-    }[loop]
+        "hda": lambda: (pgd_cases(EPS) if variant == "pgd" else ball_noise(EPS), None),
+    }
+    generate, guide = make[loop]()
     control = OpenLoop(setting.val, generate, dose["deposits"], bank, guide=guide, strength=strength, seed=seed)
     return Arm([control, FailureReplay(bank=bank, seed=seed, **OPTIONS["replay"])])
 
@@ -529,6 +557,8 @@ control applies those transformations at the loop's mean strength, uniformly ove
 SPREADS = ("cell", "property", "even")
 SPREAD: list[str] = ["cell"]
 """What the loops' guides keep of a proposal (``--spread``): ``cell``, ``property`` or ``even``."""
+PROPERTIES: list[str] = ["framework"]
+"""The property presets the robustness loop sweeps, its guide applies and its control draws (``--properties``)."""
 COMBINED: list[str] = []
 """The loops the ``dlguard`` arm combines (``--combine``); empty: all the setting has (relevancy: the scenes)."""
 CONTROLS = ("robustness-open", "dscore-open", "hda-open", "hda-pgd", "metamorphic-open", "relevancy-open")
@@ -627,8 +657,18 @@ def judge(model: Classifier, setting: Setting, corrupted: dict[str, Tensor], dis
 
 
 def fit(
-    arm_name: str, setting: Setting, seed: int, epochs: int, doses: dict[str, Any], accelerator: str = "cpu"
+    arm_name: str,
+    setting: Setting,
+    seed: int,
+    epochs: int,
+    doses: dict[str, Any],
+    accelerator: str = "cpu",
+    arms: list[Arm] | None = None,
 ) -> tuple[nn.Module, dict]:
+    """Train ``arm_name`` from scratch; its record: fit seconds, warnings, dose, rows replayed.
+
+    ``arms``, when given, receives the arm (its callbacks, banks and guides) for a look after the fit.
+    """
     L.seed_everything(seed, verbose=False)
     if arm_name == "plain":
         arm = Arm([])
@@ -641,6 +681,8 @@ def fit(
         if loop not in doses:
             raise SystemExit(f"--arms: {arm_name} follows the dose of {loop}: run {loop} before it (same seeds)")
         arm = open_arm(arm_name, setting, seed, doses[loop])
+    if arms is not None:
+        arms.append(arm)
     model = Classifier(setting.make_net(), setting.preprocess, arm.augment, setting.cosine)
     train = DataLoader(TensorDataset(*setting.train), batch_size=64, shuffle=True)
     masks = () if setting.val_masks is None else (setting.val_masks,)  # third in a batch: relevancy's masks
@@ -765,6 +807,25 @@ def paired(results: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
+def merge(files: list[dict[str, list[dict]]]) -> dict[str, list[dict]]:
+    """One ``{arm: [runs]}`` of several (one process per seed or per arm), arms in ``ARMS`` order, runs by seed.
+
+    Runs without a ``seed`` (older files) keep their order; a seed an arm ran twice is refused.
+    """
+    merged: dict[str, list[dict]] = {}
+    for results in files:
+        for arm, runs in results.items():
+            merged.setdefault(arm, []).extend(runs)
+    for arm, runs in merged.items():
+        seeds = [run["seed"] for run in runs if "seed" in run]
+        if len(set(seeds)) < len(seeds):
+            raise SystemExit(f"--results: arm {arm} ran seed {max(seeds, key=seeds.count)} in more than one file")
+        if len(seeds) == len(runs):
+            runs.sort(key=lambda run: run["seed"])
+    order = {arm: index for index, arm in enumerate(ARMS)}
+    return dict(sorted(merged.items(), key=lambda item: order.get(item[0], len(order))))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--setting", choices=tuple(SETTINGS), default="mnist")
@@ -775,16 +836,26 @@ def main() -> None:
     parser.add_argument("--combine", nargs="+", choices=LOOPS[:-1], default=[], help="the dlguard arm's loops")
     parser.add_argument("--accelerator", choices=("cpu", "gpu"), default="cpu", help="where fits and judging run")
     parser.add_argument("--spread", choices=SPREADS, default="cell", help="what the loops' guides keep of a proposal")
-    parser.add_argument("--results", type=Path, default=None, help="print the tables of a JSON file --out wrote")
+    parser.add_argument(
+        "--properties", nargs="+", choices=tuple(PROPERTY_PRESETS), default=["framework"],
+        help="the robustness loop's property presets (their union; a repeated name keeps the first preset's)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--results", type=Path, nargs="+", default=None,
+        help="print the tables of JSON files --out wrote (several: merged, and written to --out if given)",
+    )  # fmt: skip
     for name in OPTIONS:
         parser.add_argument(f"--{name}", nargs="*", default=None, metavar="KEY=VALUE", help=f"{name}'s arguments")
     args = parser.parse_args()
     if args.results:
-        results = json.loads(args.results.read_text())
+        results = merge([json.loads(path.read_text()) for path in args.results])
+        if args.out:
+            args.out.write_text(json.dumps(results, indent=1))
         print("\n".join([*summarise(results), "", *paired(results)]))
         return
     COMBINED[:] = args.combine
     SPREAD[:] = [args.spread]
+    PROPERTIES[:] = args.properties
     VIOLATION_GUIDE[:] = [] if args.violation_guide is None else [True]  # the flag alone: the guide's defaults
     for name, given in OPTIONS.items():
         for option in getattr(args, name) or []:

@@ -111,6 +111,24 @@ def test_options_reach_the_callbacks_and_combine_picks_the_loops(
     assert replay.bank.capacity == 1024 and replay.bank is probes["HDACallback"].bank
 
 
+def test_properties_give_the_robustness_loop_its_guide_and_its_control_one_union_of_presets(
+    setting: cl.Setting, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cl, "PROPERTIES", ["framework", "label_preserving"])
+    drawn: list[list[str]] = []
+    monkeypatch.setattr(cl, "random_properties", lambda props: drawn.append([p.name for p in props]))
+    (callback,) = [c for c in cl.loop_arm("robustness", setting, 0).callbacks if isinstance(c, cl.RobustnessCallback)]
+    control = cl.open_arm("robustness-open", setting, 0, {"deposits": {}, "strength": [0.1]}).callbacks[0]
+    # by hand: the trio, then label_preserving's transformations less its rotation and brightness (taken)
+    union = ["noise", "rotation", "brightness", "translation", "scale", "shear", "contrast", "gaussian_blur"]
+    union += ["fog", "rain"]
+    for properties in (callback.properties, callback.guide.properties, control.guide.properties):
+        assert [p.name for p in properties] == union
+    assert drawn == [union]
+    (brightness,) = [p for p in callback.properties if p.name == "brightness"]
+    assert brightness.levels[-1] == 3.0  # the trio's multiplicative brightness, not the shift of label_preserving
+
+
 @pytest.mark.parametrize("spread", cl.SPREADS)
 def test_spread_says_what_the_guides_keep_of_a_proposal(
     setting: cl.Setting, monkeypatch: pytest.MonkeyPatch, spread: str
@@ -277,3 +295,14 @@ def test_the_paired_table_pairs_runs_by_seed_where_they_record_it() -> None:
         "| hda − hda-open | mCA | +0.025 ± 0.075 | 1 of 2 |",
         "| hda − hda-open | R_g | +0.100 ± 0.000 | 2 of 2 |",
     ]
+
+
+def test_results_of_several_processes_merge_into_one_file_by_arm_and_seed() -> None:
+    first = {"dlguard": [{"seed": 2, "mCA": 0.2}], "plain": [{"seed": 2, "mCA": 0.1}]}
+    second = {"plain": [{"seed": 0, "mCA": 0.3}], "robustness-open": [{"seed": 0, "mCA": 0.4}]}
+    merged = cl.merge([first, second])
+    assert list(merged) == ["plain", "dlguard", "robustness-open"]  # ARMS' order, whatever the files'
+    assert merged["plain"] == [{"seed": 0, "mCA": 0.3}, {"seed": 2, "mCA": 0.1}]
+    assert cl.merge([{"plain": [{"mCA": 0.5}, {"mCA": 0.6}]}])["plain"] == [{"mCA": 0.5}, {"mCA": 0.6}]
+    with pytest.raises(SystemExit, match="plain ran seed 2 in more than one file"):
+        cl.merge([first, {"plain": [{"seed": 2, "mCA": 0.7}]}])
