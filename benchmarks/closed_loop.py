@@ -663,11 +663,21 @@ def fit(
     epochs: int,
     doses: dict[str, Any],
     accelerator: str = "cpu",
-    arms: list[Arm] | None = None,
+    keep: list[Arm] | None = None,
 ) -> tuple[nn.Module, dict]:
-    """Train ``arm_name`` from scratch; its record: fit seconds, warnings, dose, rows replayed.
+    """Train ``arm_name`` from scratch.
 
-    ``arms``, when given, receives the arm (its callbacks, banks and guides) for a look after the fit.
+    Args:
+        arm_name: one of ``ARMS``; a control (``<loop>-open``, ``hda-pgd``) after its loop, same seed.
+        setting: the data and network.
+        seed: seeds the weights, the shuffles and every callback.
+        epochs: training epochs.
+        doses: the doses loops recorded in this seed (a loop adds its own; a control reads its loop's).
+        accelerator: ``"cpu"`` or ``"gpu"``.
+        keep: when given, receives the arm (its callbacks, banks and guides) for a look after the fit.
+
+    Returns:
+        The trained model and its record: fit seconds, warnings, dose, rows replayed.
     """
     L.seed_everything(seed, verbose=False)
     if arm_name == "plain":
@@ -681,8 +691,8 @@ def fit(
         if loop not in doses:
             raise SystemExit(f"--arms: {arm_name} follows the dose of {loop}: run {loop} before it (same seeds)")
         arm = open_arm(arm_name, setting, seed, doses[loop])
-    if arms is not None:
-        arms.append(arm)
+    if keep is not None:
+        keep.append(arm)
     model = Classifier(setting.make_net(), setting.preprocess, arm.augment, setting.cosine)
     train = DataLoader(TensorDataset(*setting.train), batch_size=64, shuffle=True)
     masks = () if setting.val_masks is None else (setting.val_masks,)  # third in a batch: relevancy's masks
@@ -808,9 +818,15 @@ def paired(results: dict[str, list[dict]]) -> list[str]:
 
 
 def merge(files: list[dict[str, list[dict]]]) -> dict[str, list[dict]]:
-    """One ``{arm: [runs]}`` of several (one process per seed or per arm), arms in ``ARMS`` order, runs by seed.
+    """One ``{arm: [runs]}`` of several files (one process per seed or per arm).
 
-    Runs without a ``seed`` (older files) keep their order; a seed an arm ran twice is refused.
+    Args:
+        files: the files' contents, each ``{arm: [runs]}`` as ``--out`` writes it.
+
+    Returns:
+        Every arm's runs, arms in ``ARMS`` order, runs sorted by ``seed``. A seed that an arm ran in two
+        files is refused; runs without a ``seed`` (files written before runs recorded it) keep their order,
+        and the same such file merged twice is not noticed.
     """
     merged: dict[str, list[dict]] = {}
     for results in files:

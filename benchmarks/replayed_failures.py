@@ -5,17 +5,21 @@
                                            [--out results.json] [--picture banks.png]
 
 Trains plain, the loop and its control as ``closed_loop.py`` does (``mnist_a`` on the embedded MNIST,
-6 epochs, the same split and seeds), then reads the rows left in each bank at the end of the fit, the
-rows ``FailureReplay`` replays, with the labels they were deposited with:
+6 epochs, the same split and seeds), then reads the rows left in each bank at the end of the fit, with
+the labels they were deposited with. ``FailureReplay`` replays these rows, except those deposited at
+the last validation, which comes after the last training epoch. Each bank is read by:
 
 - ``pretrained``: the zoo's ``mnist_a`` (``dlguard.zoo.pretrained``; 15 epochs on 4,000 embedded
-  digits without augmentation), a network of the same architecture that the loop never probed;
-- ``plain``: the plain-trained network of the same seed;
+  digits without augmentation, among them every training digit here and about a third of the
+  validation digits the banks come from), a network of the same architecture that no loop probed;
+- ``plain``: the plain-trained network of the same seed. It is the loop's network until the first
+  validation (loops change nothing before it), so it is not independent of the failures deposited there;
 - ``classes``: how many of the ten digits the bank's rows cover, and the largest class's share.
 
 A reader's accuracy on a bank says how hard its rows are for a model that did not choose them. Both
 banks hold the same number of rows, deposited at the same validations (the control follows the
-loop's dose), so the two readings compare what detection chose against what chance gives.
+loop's dose), so the two readings compare what detection chose against what chance gives. A seed
+whose loop deposited nothing (HDA's can) reads as ``{"rows": 0}`` and is left out of the means.
 ``--picture`` draws the first 48 rows of each bank of the first seed.
 """
 
@@ -27,6 +31,7 @@ import logging
 import sys
 from pathlib import Path
 from statistics import mean
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -38,7 +43,14 @@ from dlguard.zoo import pretrained
 
 
 def bank_rows(arm: cl.Arm) -> tuple[Tensor, Tensor]:
-    """The rows (inputs, labels) left in the bank of ``arm``'s ``FailureReplay``, every origin's."""
+    """The rows left in the bank of ``arm``'s ``FailureReplay``.
+
+    Args:
+        arm: a loop's or a control's arm after its fit (one ``FailureReplay`` among its callbacks).
+
+    Returns:
+        Every origin's inputs and labels, concatenated (empty tensors for an empty bank).
+    """
     (replay,) = [c for c in arm.callbacks if isinstance(c, cl.FailureReplay)]
     origins = list(replay.bank.origins())
     if not origins:
@@ -47,9 +59,20 @@ def bank_rows(arm: cl.Arm) -> tuple[Tensor, Tensor]:
     return inputs, torch.cat([replay.bank.labels(origin) for origin in origins])
 
 
-def reading(inputs: Tensor, labels: Tensor, readers: dict[str, nn.Module], classes: int = 10) -> dict:
-    """Each reader's accuracy on the rows; the classes the rows cover and the largest class's share."""
-    record: dict = {"rows": len(labels)}
+def reading(inputs: Tensor, labels: Tensor, readers: dict[str, nn.Module], classes: int = 10) -> dict[str, int | float]:
+    """How a bank's rows read.
+
+    Args:
+        inputs: the rows ``(N, ...)``.
+        labels: their deposited labels ``(N,)``.
+        readers: name -> a classifier of ``inputs`` (put in eval mode).
+        classes: the number of classes.
+
+    Returns:
+        ``rows``; for ``N > 0`` also each reader's accuracy under its name, ``classes`` (how many
+        classes the rows cover) and ``largest_class_share``.
+    """
+    record: dict[str, int | float] = {"rows": len(labels)}
     if not len(labels):
         return record
     for name, reader in readers.items():
@@ -63,7 +86,13 @@ def reading(inputs: Tensor, labels: Tensor, readers: dict[str, nn.Module], class
 
 
 def picture(banks: dict[str, tuple[Tensor, Tensor]], path: Path, per_bank: int = 48) -> None:
-    """The first ``per_bank`` rows of the loop's bank (titled L and the label) and its control's (C)."""
+    """Draw the first ``per_bank`` rows of the loop's bank (titled L and the label) and its control's (C).
+
+    Args:
+        banks: the loop's rows, then its control's: name -> (inputs ``(N, C, H, W)``, labels).
+        path: the PNG to write (nothing is written when both banks are empty).
+        per_bank: rows drawn of each bank.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -71,7 +100,9 @@ def picture(banks: dict[str, tuple[Tensor, Tensor]], path: Path, per_bank: int =
 
     columns = 16
     rows = sum(-(-min(per_bank, len(labels)) // columns) for _, labels in banks.values())
-    figure, axes = plt.subplots(rows, columns, figsize=(columns, rows * 1.1 + 0.6))
+    if not rows:
+        return
+    figure, axes = plt.subplots(rows, columns, figsize=(columns, rows * 1.1 + 0.6), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     row = 0
@@ -92,21 +123,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--loop", choices=("robustness", "metamorphic", "hda"), default="robustness")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--properties", nargs="+", choices=tuple(cl.PROPERTY_PRESETS), default=["framework"])
+    parser.add_argument(
+        "--properties", nargs="+", choices=tuple(cl.PROPERTY_PRESETS), default=None,
+        help="the robustness loop's property presets (as closed_loop.py's; default: the trio)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--picture", type=Path, default=None)
     args = parser.parse_args()
-    cl.PROPERTIES[:] = args.properties
+    if args.properties is not None and args.loop != "robustness":
+        parser.error("--properties: only the robustness loop takes property presets")
+    cl.PROPERTIES[:] = args.properties or ["framework"]
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     setting = cl.mnist_setting()
     control = "hda-open" if args.loop == "hda" else f"{args.loop}-open"
     results: dict[str, list[dict]] = {args.loop: [], control: []}
     for seed in args.seeds:
-        doses: dict = {}
+        doses: dict[str, Any] = {}
         arms: list[cl.Arm] = []
         plain, _ = cl.fit("plain", setting, seed, 6, doses)
-        cl.fit(args.loop, setting, seed, 6, doses, arms=arms)
-        cl.fit(control, setting, seed, 6, doses, arms=arms)
+        cl.fit(args.loop, setting, seed, 6, doses, keep=arms)
+        cl.fit(control, setting, seed, 6, doses, keep=arms)
         readers = {"pretrained": pretrained("mnist_a"), "plain": plain}
         banks = {name: bank_rows(arm) for name, arm in zip((args.loop, control), arms, strict=True)}
         for name, (inputs, labels) in banks.items():
@@ -114,11 +150,12 @@ def main() -> None:
             print(f"seed {seed} {name:>18}: {results[name][-1]}", flush=True)
         if args.picture and seed == args.seeds[0]:
             picture(banks, args.picture)
-    for name, runs in results.items():
-        summary = {key: round(mean(r[key] for r in runs), 3) for key in ("pretrained", "plain") if key in runs[0]}
-        print(f"{name:>18}: mean over seeds {summary}")
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
+    for name, runs in results.items():
+        read = [run for run in runs if run["rows"]]
+        summary = {key: round(mean(run[key] for run in read), 3) for key in ("pretrained", "plain") if read}
+        print(f"{name:>18}: mean over the {len(read)} seeds with rows {summary}")
 
 
 if __name__ == "__main__":

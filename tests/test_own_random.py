@@ -91,7 +91,7 @@ def test_on_cuda_the_device_generator_is_seeded_from_the_generator_and_restored(
     torch.cuda.manual_seed(7)
     untouched = torch.rand(4, device="cuda").cpu()
     inside, after = draws(0)
-    # inside: the CUDA generator seeded with the one draw the CPU generator gives (computed another way)
+    # inside: numbers of a CUDA generator of the test's own, seeded by hand with the one draw taken from `own`
     seed = int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(0)))
     expected = torch.rand(4, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)).cpu()
     assert torch.equal(inside, expected)

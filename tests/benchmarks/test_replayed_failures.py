@@ -36,6 +36,15 @@ def test_each_reader_s_accuracy_and_the_classes_the_rows_cover() -> None:
     assert record == {"rows": 4, "argmax": 0.75, "classes": 2, "largest_class_share": 0.75}
 
 
+def test_the_picture_draws_both_banks_and_nothing_when_both_are_empty(tmp_path: Path) -> None:
+    empty = (torch.empty(0, 1, 4, 4), torch.empty(0, dtype=torch.long))
+    rf.picture({"loop": empty, "control": empty}, tmp_path / "none.png")
+    assert not (tmp_path / "none.png").exists()
+    one = (torch.rand(3, 1, 4, 4), torch.tensor([1, 2, 3]))
+    rf.picture({"loop": one, "control": empty}, tmp_path / "one.png")
+    assert (tmp_path / "one.png").stat().st_size > 0
+
+
 @pytest.mark.slow
 def test_the_loop_s_failures_are_harder_for_other_readers_than_its_control_s_cases(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
