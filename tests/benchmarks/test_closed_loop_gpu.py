@@ -39,7 +39,6 @@ def _launch(tmp_path: Path, *options: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(script), *options], cwd=ROOT, env=env, capture_output=True, text=True)
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="a bash script")
 def test_one_process_per_group_and_seed_options_intact_and_a_failed_one_leaves_the_others_merged(
     tmp_path: Path,
 ) -> None:
