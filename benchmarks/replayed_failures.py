@@ -132,7 +132,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.properties is not None and args.loop != "robustness":
         parser.error("--properties: only the robustness loop takes property presets")
-    cl.PROPERTIES[:] = args.properties or ["framework"]
+    if args.properties:
+        cl.PROPERTIES[:] = args.properties
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     setting = cl.mnist_setting()
     control = "hda-open" if args.loop == "hda" else f"{args.loop}-open"
