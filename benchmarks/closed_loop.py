@@ -7,6 +7,7 @@
                                      [--replay|--bank|--guide|--padding KEY=VALUE ...]
                                      [--violation_guide [KEY=VALUE ...]] [--spread cell|property|even]
                                      [--properties framework|label_preserving|deeptest_roads ...]
+                                     [--control_draws loop|global]
     python benchmarks/closed_loop.py --results results.json   # the tables of a file written by --out
     python benchmarks/closed_loop.py --results part1.json part2.json --out merged.json  # one file of several
     bash benchmarks/closed_loop_gpu.sh merged.json --setting scenes   # one process per loop and seed
@@ -46,8 +47,11 @@ to the training batches differs:
   labels, at the same validations (so the same ``FailureReplay`` replays as many rows), and applies
   the guide's transformations at the same mean strength, uniformly over classes and properties
   (D-Score's guide *is* its dose: ``p`` pads with probability ``p`` by a ratio ``p``, so its control
-  pads at the loop's root mean square ``p`` in every epoch from the first). A control's random
-  draws come from a generator of its own, so training's shuffles and dropout go on as in the loop's. The
+  pads at the loop's root mean square ``p`` in every epoch from the first). A control's cases come
+  from a generator of its own, and its guide draws as the loop's guide does (``--control_draws loop``,
+  the default: common random numbers), so training's shuffles and dropout go on as in the loop's run
+  and a loop and its control differ only in what the loop chooses. (``--control_draws global`` is how
+  runs before 2026-11-27 drew: a control's guide from the global RNG, which moved the shuffles too.) The
   generators: the robustness trio at random severities; metamorphic's label-preserving
   transformations at random parameters; for HDA, uniform noise in the ``radius`` ball
   (``hda-open``) and, a different generator at the same test-case budget, PGD at the same radius
@@ -69,8 +73,9 @@ digits recomposited on backgrounds of random kinds (``shuffled``, object relevan
 and the fit's wall time, over ``plain``'s. Mean ± standard deviation over the seeds.
 
 A second table compares seed by seed, since every arm of a seed shares the split, the initial weights
-and the shuffles: each loop against its controls (on mCA and on its own measure), and the ``dlguard``
-arm against the best standard augmentation (mCA, PGD) and plain training (clean accuracy, PGD). A row
+and the first epoch's shuffle (a loop and its control every shuffle): each loop against its controls
+(on mCA and on its own measure), and the ``dlguard`` arm against the best standard augmentation (mCA,
+PGD) and plain training (clean accuracy, PGD). A row
 gives the mean of the per-seed differences ± its standard error and the seeds in which the first arm
 did better; a mean within two standard errors of 0 is no difference these seeds can show.
 
@@ -86,6 +91,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import inspect
 import json
 import logging
@@ -94,6 +100,7 @@ import shutil
 import tempfile
 import time
 import warnings
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,6 +116,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision.transforms import v2
 
+from dlguard._own_random import RankGenerator, drawing_from
 from dlguard.augment import (
     PROPERTY_PRESETS,
     ErrorGuidedAugmentation,
@@ -310,7 +318,12 @@ class OpenLoop(L.Callback):
 
     At each validation the loop deposited ``n`` failures at, ``n`` random validation inputs go through
     ``generate`` (with their true labels) into ``bank``; ``guide`` (when given) transforms the training
-    batch at ``strength[epoch]``, the same for every class and property.
+    batch at ``strength[epoch]``, the same for every class and property. With ``twin``, the class name of
+    the loop's guided callback, the guide draws its random numbers as that callback's guide does (a
+    generator seeded ``seed + crc32(twin)``, one draw per batch seeding the global RNG, which is restored
+    after): the loop and its control then share the shuffles and the guide's draws (common random
+    numbers), and differ only in what the loop chooses. Without it the guide draws from the global RNG,
+    which also moves training's shuffles (``--control_draws global``, how runs before it drew).
     """
 
     def __init__(
@@ -322,10 +335,12 @@ class OpenLoop(L.Callback):
         guide: nn.Module | None = None,
         strength: list[float] | None = None,
         seed: int = 0,
+        twin: str | None = None,
     ) -> None:
         self.source, self.generate, self.deposits, self.bank = source, generate, deposits, bank
         self.guide, self.strength = guide, strength or []
         self.generator = torch.Generator().manual_seed(seed)
+        self.draws = None if twin is None else RankGenerator(seed + zlib.crc32(twin.encode()))
         self.deposited: dict[str, int] = {}
         self.applied: list[float] = []  # the guide's strength as applied, epoch by epoch (the loop's Dose records it)
 
@@ -340,7 +355,10 @@ class OpenLoop(L.Callback):
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
         if self.guide is not None and (self.applied[-1] if self.applied else 1.0) > 0:
-            with torch.no_grad():
+            draws = (
+                contextlib.nullcontext() if self.draws is None else drawing_from(self.draws.generator, batch[0].device)
+            )
+            with torch.no_grad(), draws:
                 batch[0] = self.guide(batch[0], batch[1])
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -521,13 +539,18 @@ def _with_guide(make: Callable[[nn.Module], L.Callback], guide: nn.Module) -> tu
     return make(guide), guide
 
 
+def _twin(loop: type) -> str | None:
+    """The class whose guide draws a control's guide mirrors (``--control_draws loop``), or ``None``."""
+    return loop.__name__ if CONTROL_DRAWS[0] == "loop" else None
+
+
 def open_arm(name: str, setting: Setting, seed: int, dose: dict[str, Any]) -> Arm:
     loop, _, variant = name.partition("-")
     bank = FailureBank(**OPTIONS["bank"])
     strength = dose["strength"]
     if loop == "dscore":  # the guide is the dose: p pads with probability p by a ratio p, so match the mean p²
         guide = ScoreGuidedPadding(p=math.sqrt(mean(p * p for p in strength)) if strength else 0.0)
-        return Arm([OpenLoop(setting.val, None, {}, None, guide=guide, seed=seed)])
+        return Arm([OpenLoop(setting.val, None, {}, None, guide=guide, seed=seed, twin=_twin(DScoreCallback))])
     if loop == "relevancy":
         default = inspect.signature(ObjectRelevancyCallback).parameters["fresh_backgrounds"].default
         fresh = max(1, OPTIONS["relevancy"].get("fresh_backgrounds", default))  # 0: the loop deposits follow-ups
@@ -546,7 +569,9 @@ def open_arm(name: str, setting: Setting, seed: int, dose: dict[str, Any]) -> Ar
         "hda": lambda: (pgd_cases(EPS) if variant == "pgd" else ball_noise(EPS), None),
     }
     generate, guide = make[loop]()
-    control = OpenLoop(setting.val, generate, dose["deposits"], bank, guide=guide, strength=strength, seed=seed)
+    twin = _twin(RobustnessCallback if loop == "robustness" else MetamorphicCallback)
+    control = OpenLoop(setting.val, generate, dose["deposits"], bank, guide=guide, strength=strength, seed=seed,
+                       twin=twin)  # fmt: skip
     return Arm([control, FailureReplay(bank=bank, seed=seed, **OPTIONS["replay"])])
 
 
@@ -557,6 +582,10 @@ control applies those transformations at the loop's mean strength, uniformly ove
 SPREADS = ("cell", "property", "even")
 SPREAD: list[str] = ["cell"]
 """What the loops' guides keep of a proposal (``--spread``): ``cell``, ``property`` or ``even``."""
+CONTROL_DRAWS: list[str] = ["loop"]
+"""Where a control's guide draws its random numbers (``--control_draws``): ``loop``, the loop's guide's own
+stream (common random numbers: the same shuffles and guide draws as the loop's run), or ``global``, the
+global RNG, which also moves training's shuffles (every run before 2026-11-27 drew so)."""
 PROPERTIES: list[str] = ["framework"]
 """The property presets the robustness loop sweeps, its guide applies and its control draws (``--properties``)."""
 COMBINED: list[str] = []
@@ -736,6 +765,8 @@ def arms_for(setting: Setting, arms: list[str] | None, combine: list[str]) -> li
 
 
 def summarise(results: dict[str, list[dict]]) -> list[str]:
+    """The table of every arm that ran (a file a run is still writing lists the arms to come, without runs)."""
+    results = {arm: runs for arm, runs in results.items() if runs}
     plain_time = mean(r["seconds"] for r in results["plain"]) if "plain" in results else float("nan")
     columns = ("clean", "mCA", "fgsm", "pgd", "violation_rate", "local_robustness", "d_score", "R_g", "shuffled")
     lines = ["| arm | " + " | ".join(columns) + " | fit time |", "|---" * (len(columns) + 2) + "|"]
@@ -853,6 +884,10 @@ def main() -> None:
     parser.add_argument("--accelerator", choices=("cpu", "gpu"), default="cpu", help="where fits and judging run")
     parser.add_argument("--spread", choices=SPREADS, default="cell", help="what the loops' guides keep of a proposal")
     parser.add_argument(
+        "--control_draws", choices=("loop", "global"), default="loop",
+        help="a control's guide draws as its loop's guide does (loop) or from the global RNG (global, runs before it)",
+    )  # fmt: skip
+    parser.add_argument(
         "--properties", nargs="+", choices=tuple(PROPERTY_PRESETS), default=["framework"],
         help="the robustness loop's property presets (their union; a repeated name keeps the first preset's)",
     )  # fmt: skip
@@ -871,6 +906,7 @@ def main() -> None:
         return
     COMBINED[:] = args.combine
     SPREAD[:] = [args.spread]
+    CONTROL_DRAWS[:] = [args.control_draws]
     PROPERTIES[:] = args.properties
     VIOLATION_GUIDE[:] = [] if args.violation_guide is None else [True]  # the flag alone: the guide's defaults
     for name, given in OPTIONS.items():

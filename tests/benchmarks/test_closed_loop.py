@@ -55,6 +55,30 @@ def test_the_open_loop_control_follows_its_loop_s_dose(
         assert max(measured["dose"]["strength"]) > 0
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", ["robustness", "metamorphic+guide"])
+def test_a_control_that_replays_nothing_with_its_loop_s_even_guide_trains_the_loop_s_model(
+    setting: cl.Setting, loop: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # common random numbers: with the choice taken out (every cell at the mean, nothing replayed) loop and
+    # control differ in nothing, so they must train the same weights; drawing from the global RNG, they do not
+    loop, _, guided = loop.partition("+")
+    monkeypatch.setattr(cl, "VIOLATION_GUIDE", [True] if guided else [])
+    monkeypatch.setattr(cl, "SPREAD", ["even"])
+    monkeypatch.setitem(cl.OPTIONS, "replay", {"fraction": 0.0})
+    weights = {}
+    for draws in ("loop", "global"):
+        monkeypatch.setattr(cl, "CONTROL_DRAWS", [draws])
+        doses: dict = {}
+        looped, measured = cl.fit(loop, setting, 0, 3, doses)
+        control, _ = cl.fit(f"{loop}-open", setting, 0, 3, doses)
+        assert max(measured["dose"]["strength"]) > 0  # the guide transformed batches in two of the three epochs
+        weights[draws] = [
+            torch.equal(a, b) for a, b in zip(looped.state_dict().values(), control.state_dict().values(), strict=True)
+        ]
+    assert all(weights["loop"]) and not all(weights["global"])
+
+
 def test_the_attack_is_one() -> None:
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))
@@ -316,3 +340,10 @@ def test_results_of_several_processes_merge_into_one_file_by_arm_and_seed() -> N
     assert cl.merge([{"plain": [{"mCA": 0.5}, {"mCA": 0.6}]}])["plain"] == [{"mCA": 0.5}, {"mCA": 0.6}]
     with pytest.raises(SystemExit, match="plain ran seed 2 in more than one file"):
         cl.merge([first, {"plain": [{"seed": 2, "mCA": 0.7}]}])
+
+
+def test_the_tables_of_a_file_still_being_written_show_the_arms_that_ran() -> None:
+    run = {"seed": 0, "seconds": 2.0, "clean": 0.5, "mCA": 0.25, "warnings": []}
+    lines = cl.summarise({"plain": [run], "robustness": [{**run, "seconds": 3.0}], "robustness-open": []})
+    assert [line.split(" | ")[0] for line in lines[2:]] == ["| plain", "| robustness"]
+    assert lines[3].endswith("| 1.5x |") and "0.250 ± 0.000" in lines[3]
