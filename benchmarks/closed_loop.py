@@ -100,7 +100,6 @@ import shutil
 import tempfile
 import time
 import warnings
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -319,8 +318,8 @@ class OpenLoop(L.Callback):
     At each validation the loop deposited ``n`` failures at, ``n`` random validation inputs go through
     ``generate`` (with their true labels) into ``bank``; ``guide`` (when given) transforms the training
     batch at ``strength[epoch]``, the same for every class and property. With ``twin``, the class name of
-    the loop's guided callback, the guide draws its random numbers as that callback's guide does (a
-    generator seeded ``seed + crc32(twin)``, one draw per batch seeding the global RNG, which is restored
+    the loop's guided callback, the guide draws its random numbers as that callback's guide does
+    (``RankGenerator.named(seed, twin)``, one draw per batch seeding the global RNG, which is restored
     after): the loop and its control then share the shuffles and the guide's draws (common random
     numbers), and differ only in what the loop chooses. Without it the guide draws from the global RNG,
     which also moves training's shuffles (``--control_draws global``, how runs before it drew).
@@ -340,7 +339,7 @@ class OpenLoop(L.Callback):
         self.source, self.generate, self.deposits, self.bank = source, generate, deposits, bank
         self.guide, self.strength = guide, strength or []
         self.generator = torch.Generator().manual_seed(seed)
-        self.draws = None if twin is None else RankGenerator(seed + zlib.crc32(twin.encode()))
+        self.draws = None if twin is None else RankGenerator.named(seed, twin)  # the loop's guide's stream
         self.deposited: dict[str, int] = {}
         self.applied: list[float] = []  # the guide's strength as applied, epoch by epoch (the loop's Dose records it)
 

@@ -7,6 +7,9 @@ uninterrupted one, and moves the numbers that dropout and the user's own augment
 - :class:`RankGenerator` is a CPU generator seeded ``seed + rank`` whose state goes into the
   callback's checkpoint. A checkpoint holds rank zero's state; after a restart the processes above
   rank zero reseed, so that they keep drawing apart.
+- :meth:`RankGenerator.named` gives each named stream (a callback class's guide) a seed of its own,
+  so two guides seeded alike do not draw the same numbers, and a benchmark's open-loop control can
+  draw exactly the numbers a loop's guide draws.
 - :func:`drawing_from` runs code that draws from the global RNG (kornia's parameter sampling, a
   property's noise) on numbers seeded from such a generator, on the CPU and on the batch's device,
   and puts both global generators back as they were. Devices whose module keeps
@@ -15,6 +18,7 @@ uninterrupted one, and moves the numbers that dropout and the user's own augment
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -47,6 +51,18 @@ class RankGenerator:
         self.seed = seed
         self._generator: torch.Generator | None = None
         self._restored = False
+
+    @classmethod
+    def named(cls, seed: int, name: str) -> RankGenerator:
+        """The stream ``name`` of ``seed``: seeded ``seed + crc32(name)``, the same in every process and run.
+
+        Example:
+            >>> RankGenerator.named(0, "RobustnessCallback").seed == RankGenerator.named(0, "RobustnessCallback").seed
+            True
+            >>> RankGenerator.named(0, "RobustnessCallback").seed == RankGenerator.named(0, "DScoreCallback").seed
+            False
+        """
+        return cls(seed + zlib.crc32(name.encode()))
 
     @property
     def generator(self) -> torch.Generator:

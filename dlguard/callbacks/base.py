@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import warnings
-import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -200,7 +199,7 @@ class ProbeCallback(Callback, ABC):
             raise ValueError(f"seed: expected an integer, got {seed!r}")
         self.seed = seed
         # the guide's draws: one stream per callback class, so two guides do not draw the same numbers
-        self._guide_random = RankGenerator(seed + zlib.crc32(type(self).__name__.encode()))
+        self._guide_random = RankGenerator.named(seed, type(self).__name__)
         self._guided = 0  # training batches the guide augmented (a restarted rank reseeds from it)
         self.start_epoch = positive_int("start_epoch", start_epoch, minimum=0)
         if min_accuracy is not None and min_accuracy != "auto":
