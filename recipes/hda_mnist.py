@@ -1,6 +1,7 @@
 """HDA's questions on the embedded MNIST with mnist_a, the paper's MNIST figures printed beside ours.
 
     python recipes/hda_mnist.py [--seeds 30] [--population 1000] [--iterations 100] [--budgets 100 500]
+                                [--eval-seeds 300] [--t10-population 200]
 
 The global distribution is the shipped VAE (``pretrained("vae_mnist")``) + KDE fitted on the
 4,000 training digits; candidates are the 1,000 validation digits; ``r = 0.1``.
@@ -13,10 +14,13 @@ The global distribution is the shipped VAE (``pretrained("vae_mnist")``) + KDE f
   ``--iterations``; the paper's 1000 / 100 by default) on random and on selected seeds:
   AE proportion, mean prediction loss J of the AEs, a Fréchet distance in the VAE's latent space
   between seeds and test cases, and time.
-- Table 10: R̂_g after fine-tuning on ``--budgets`` test cases from HDA, PGD and random noise in the
-  r-ball (seeds from the training split), and after the same fine-tuning with no test cases; measured
-  on HDA's AEs around held-out validation seeds (found against the shipped model; R̂_g before
-  fine-tuning is the weight of the seeds without an AE).
+- Table 10, as the paper's RQ4 runs it: the validation digits are the validation seeds. R̂_g is
+  measured on HDA's AEs around the ``--eval-seeds`` densest correct ones (each misleads the shipped
+  model, so R̂_g starts at 0), after fine-tuning on ``--budgets`` other test cases from the same
+  validation set: HDA's around the seeds it selects, PGD's and random noise's (in the r-ball) around
+  random seeds, PGD's around HDA's seeds; and after the same fine-tuning with no test cases. Both HDA
+  runs (N = ``--t10-population``) start from each seed's gradient-sign point. R̂_g over the AEs whose
+  seeds gave no test case is printed beside it.
 - Inside ``fit``: ``HDACallback`` + ``FailureReplay`` fine-tune the shipped model for ``--epochs``
   epochs; ``hda/global_robustness`` per epoch.
 
@@ -41,7 +45,15 @@ from torch.utils.data import ConcatDataset, DataLoader, TensorDataset
 
 from dlguard.callbacks import FailureReplay, HDACallback
 from dlguard.data import MNISTDataModule
-from dlguard.generate import GlobalDistribution, VAEDistribution, gradient_indicator, pgd, select_seeds, two_step_ga
+from dlguard.generate import (
+    GlobalDistribution,
+    VAEDistribution,
+    fgsm,
+    gradient_indicator,
+    pgd,
+    select_seeds,
+    two_step_ga,
+)
 from dlguard.metrics.functional import ae_quality, empirical_global_robustness
 from dlguard.metrics.latent_fid import latent_frechet_distance
 from dlguard.report import plot_image_grid
@@ -126,13 +138,20 @@ def test_cases(
     population: int,
     iterations: int,
     seed: int,
+    gradient_start: bool = False,
 ) -> Pair:
-    """``budget`` test cases around ``budget // per_seed`` seeds, with the seeds' labels."""
+    """``budget`` test cases around ``budget // per_seed`` seeds, with the seeds' labels.
+
+    HDA's GA draws its stream ``seed``; ``gradient_start`` puts each seed's gradient-sign point into its
+    initial population, as ``HDACallback`` does.
+    """
     count = budget // per_seed
     seeds, y = images[:count], labels[:count]
     generator = torch.Generator().manual_seed(seed)
     if method == "HDA":
-        result = two_step_ga(model, seeds, y, RADIUS, population=population, iterations=iterations, num_best=per_seed)
+        start = fgsm(model, seeds, y, eps=RADIUS)[:, None] if gradient_start else None
+        result = two_step_ga(model, seeds, y, RADIUS, population=population, iterations=iterations,
+                             num_best=per_seed, seed=seed, start=start)  # fmt: skip
         cases = torch.where(result.found[..., None, None, None], result.examples, seeds[:, None])
     elif method == "PGD":
         cases = torch.stack(
@@ -190,6 +209,85 @@ def inside_fit(
     return [record["logged"] | {"epoch": record["epoch"], "bank": len(replay.bank)} for record in callback.history]
 
 
+def table10(
+    model: Module, train: Pair, val: Pair, log_p: Tensor, correct: Tensor, s_grad: Tensor, args: argparse.Namespace
+) -> dict[str, Any]:
+    """R̂_g after fine-tuning with each method's test cases, as the paper's RQ4 measures it.
+
+    The validation digits are the paper's validation seeds. R̂_g is measured on HDA's AEs (GA stream 0)
+    around the ``--eval-seeds`` densest correctly classified ones, each of which misleads the shipped
+    model (so R̂_g starts at 0); they hold almost all the density. Both HDA runs start each seed's GA
+    from its gradient-sign point (as ``HDACallback`` does; the paper's GA alone finds an AE around
+    few dense seeds) with ``--t10-population`` individuals. The test cases come from the same
+    validation set, different AEs: HDA's (GA stream 1) around the seeds it selects, PGD's and random
+    noise's around random correct seeds (the paper's baselines select none), and PGD's around HDA's
+    seeds, which separates the seed selection from the generator. ``unseen`` is R̂_g over the AEs whose
+    seeds no test case came from.
+    """
+    (val_x, val_y), started = val, time.perf_counter()
+    pool = correct.nonzero().squeeze(1)
+    densest = pool[log_p[pool].argsort(descending=True)[: args.eval_seeds]]
+
+    def share(seeds: Tensor) -> float:  # the seeds' density as a share of the correct validation digits' total
+        return float((log_p[seeds].logsumexp(0) - log_p[pool].logsumexp(0)).exp())
+
+    ga = {"population": args.t10_population, "iterations": args.iterations}  # from the seeds' gradient-sign points
+    held = two_step_ga(model, val_x[densest], val_y[densest], RADIUS, seed=0, **ga,
+                       start=fgsm(model, val_x[densest], val_y[densest], eps=RADIUS)[:, None])  # fmt: skip
+    evaluated = densest[held.found[:, 0]]
+    if not len(evaluated):
+        raise SystemExit(
+            f"Table 10: the GA found no AE around the {len(densest)} densest seeds, so R̂_g has nothing to measure; "
+            "raise --population, --iterations or --eval-seeds"
+        )
+    aes, aes_y, aes_log_p = held.best[held.found[:, 0]], val_y[evaluated], log_p[evaluated]
+    table: dict[str, Any] = {"eval_seeds": len(densest), "eval_aes": len(evaluated), "eval_mass": share(evaluated)}
+    table["eval_seconds"] = time.perf_counter() - started
+
+    def measure(tuned: Module, seeds: Tensor) -> dict[str, float]:
+        unseen = ~torch.isin(evaluated, seeds)
+        preds = predict(tuned, aes)
+        return {
+            "rg": float(empirical_global_robustness(preds, aes_y, aes_log_p)),
+            "unseen": float(empirical_global_robustness(preds[unseen], aes_y[unseen], aes_log_p[unseen])),
+            "unseen_aes": int(unseen.sum()),
+            "train": accuracy(tuned, *train),
+            "val": accuracy(tuned, val_x, val_y),
+        }
+
+    table["before"] = measure(model, densest[:0])
+    start = time.perf_counter()  # the same fine-tuning without test cases: what any update alone does to R̂_g
+    table["plain"] = measure(fine_tune(model, train, (train[0][:0], train[1][:0]), args.epochs), densest[:0])
+    table["plain"]["seconds"] = time.perf_counter() - start
+    most = max(args.budgets) // args.per_seed
+    selected = select_seeds(log_p, s_grad, most, correct=correct)
+    randoms = pool[torch.randperm(len(pool), generator=torch.Generator().manual_seed(2))[:most]]
+    start = time.perf_counter()  # each seed's GA draws from its own generator: the first seeds' cases serve each budget
+    hda_cases = test_cases("HDA", model, val_x[selected], val_y[selected], most * args.per_seed, args.per_seed,
+                           args.t10_population, args.iterations, seed=1, gradient_start=True)  # fmt: skip
+    hda_seconds = time.perf_counter() - start
+    for budget in args.budgets:
+        count = budget // args.per_seed
+        runs = {
+            "HDA": (selected[:count], (hda_cases[0][:budget], hda_cases[1][:budget])),
+            "PGD, HDA's seeds": (selected[:count], None),
+            "PGD": (randoms[:count], None),
+            "noise": (randoms[:count], None),
+        }
+        for method, (seeds, cases) in runs.items():
+            start = time.perf_counter()
+            if cases is None:
+                kind = method.split(",")[0]
+                cases = test_cases(kind, model, val_x[seeds], val_y[seeds], budget, args.per_seed,
+                                   args.population, args.iterations, seed=budget)  # fmt: skip
+            tuned = fine_tune(model, train, cases, args.epochs)
+            table[f"{method}@{budget}"] = measure(tuned, seeds) | {
+                "seconds": time.perf_counter() - start + (hda_seconds * count / most if method == "HDA" else 0.0),
+                "density": share(seeds),
+            }
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=30)
@@ -198,6 +296,8 @@ def main() -> None:
     parser.add_argument("--budgets", type=int, nargs="+", default=[100, 500])
     parser.add_argument("--per-seed", type=int, default=10)
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--eval-seeds", type=int, default=300)
+    parser.add_argument("--t10-population", type=int, default=200)
     parser.add_argument("--out", type=Path, default=Path("dlguard-runs/hda"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -235,53 +335,8 @@ def main() -> None:
     captions = [c for r, p in zip(rows, predicted, strict=True) for c in (f"seed {int(y[r])}", f"AE → {int(p)}")]
     plot_image_grid(gallery, captions, columns=8).savefig(args.out / "hda_ae_gallery.png", dpi=110, bbox_inches="tight")
 
-    # Table 10: fine-tuning with the test cases of each method, R̂_g on the held-out selected validation seeds' AEs
-    held_out = torch.where(result.found[:, 0, None, None, None], result.best, seeds)
-    held_log_p = log_p[selected]
-    train_correct = predict(model, train_x).argmax(1) == train_y
-    train_pick = select_seeds(
-        distribution.log_density(train_x).double(),
-        gradient_indicator(model, train_x, train_y),
-        max(args.budgets) // args.per_seed,
-        correct=train_correct,
-    )
-    t10: dict[str, Any] = {
-        "before": {
-            "rg": float(empirical_global_robustness(predict(model, held_out), y, held_log_p)),
-            "train": accuracy(model, train_x, train_y),
-            "val": accuracy(model, val_x, val_y),
-        }
-    }
-    start = time.perf_counter()  # the same fine-tuning without test cases: what any update alone does to R̂_g
-    tuned = fine_tune(model, (train_x, train_y), (train_x[:0], train_y[:0]), args.epochs)
-    t10["plain"] = {
-        "rg": float(empirical_global_robustness(predict(tuned, held_out), y, held_log_p)),
-        "train": accuracy(tuned, train_x, train_y),
-        "val": accuracy(tuned, val_x, val_y),
-        "seconds": time.perf_counter() - start,
-    }
-    for method in ("HDA", "PGD", "noise"):
-        for budget in args.budgets:
-            start = time.perf_counter()
-            cases = test_cases(
-                method,
-                model,
-                train_x[train_pick],
-                train_y[train_pick],
-                budget,
-                args.per_seed,
-                args.population,
-                args.iterations,
-                seed=budget,
-            )
-            tuned = fine_tune(model, (train_x, train_y), cases, args.epochs)
-            rg = float(empirical_global_robustness(predict(tuned, held_out), y, held_log_p))
-            t10[f"{method}@{budget}"] = {
-                "rg": rg,
-                "train": accuracy(tuned, train_x, train_y),
-                "val": accuracy(tuned, val_x, val_y),
-                "seconds": time.perf_counter() - start,
-            }
+    # Table 10, the paper's protocol (RQ4): test cases from the validation seeds, R̂_g on other AEs of those seeds
+    t10 = table10(model, (train_x, train_y), (val_x, val_y), log_p, correct, s_grad, args)
 
     fit_rows = inside_fit(
         distribution, args.epochs, seeds=20, population=args.population, iterations=args.iterations, root=args.out
@@ -329,27 +384,28 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
             f"| {method} | {seeds} | {row['ae_proportion']:.3f} | {paper:.3f} | {row['prediction_loss']:.2f} "
             f"| {row['epsilon']:.3f} | {row['fid']:.2f} | {row['seconds']:.1f} | {row['per_seed']:.2f} |"
         )
-    before = t10["before"]
     lines += [
         "",
-        f"Table 10 -- R̂_g on HDA's AEs around the {args.seeds} selected validation seeds after fine-tuning "
-        f"({args.epochs} epochs) with test cases from training seeds",
+        f"Table 10 -- R̂_g on HDA's AEs around the {t10['eval_seeds']} densest correct validation seeds "
+        f"({t10['eval_aes']} found; their seeds hold {t10['eval_mass']:.1%} of the correct digits' density), "
+        f"after fine-tuning ({args.epochs} epochs) with test cases from the validation seeds (the paper's RQ4); "
+        "unseen: the AEs whose seeds gave no test case",
         "",
-        "| test cases | budget | R̂_g | clean train acc. | clean val acc. | paper R̂_g (300 / 3000) |",
-        "| --- | --- | --- | --- | --- | --- |",
-        f"| none (shipped mnist_a) | 0 | {before['rg']:.3f} | {before['train']:.4f} | {before['val']:.4f} | |",
-        f"| none, fine-tuned alike | 0 | {t10['plain']['rg']:.3f} | {t10['plain']['train']:.4f} | "
-        f"{t10['plain']['val']:.4f} | |",
+        "| test cases | budget | seeds' density | R̂_g | R̂_g, unseen seeds (AEs) | clean train acc. | clean val acc. "
+        "| time (s) | paper R̂_g (300 / 3000) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     paper_names = {"HDA": "HDA", "PGD": "PGD", "noise": "coverage-guided"}
-    for method in ("HDA", "PGD", "noise"):
-        for budget in args.budgets:
-            row = t10[f"{method}@{budget}"]
-            paper = PAPER_T10[paper_names[method]]
-            lines.append(
-                f"| {method} | {budget} | {row['rg']:.3f} | {row['train']:.4f} | {row['val']:.4f} | "
-                f"{paper_names[method]} {paper[0]} / {paper[1]} % |"
-            )
+    rows = [("none (shipped mnist_a)", 0, t10["before"]), ("none, fine-tuned alike", 0, t10["plain"])]
+    rows += [(m, b, t10[f"{m}@{b}"]) for m in ("HDA", "PGD, HDA's seeds", "PGD", "noise") for b in args.budgets]
+    for method, budget, row in rows:
+        paper = PAPER_T10.get(paper_names.get(method, ""))
+        lines.append(
+            f"| {method} | {budget} | {row.get('density', 0.0):.3f} | {row['rg']:.3f} | "
+            + (f"{row['unseen']:.3f} ({row['unseen_aes']})" if row["unseen_aes"] else "– (0)")
+            + f" | {row['train']:.4f} | {row['val']:.4f} | {row.get('seconds', 0.0):.0f} | "
+            + (f"{paper_names[method]} {paper[0]} / {paper[1]} % |" if paper else " |")
+        )
     lines += [
         "",
         "Inside fit -- HDACallback + FailureReplay() (each AE about once an epoch), 20 seeds per validation epoch",
