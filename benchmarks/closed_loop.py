@@ -799,8 +799,8 @@ OWN_MEASURE = {
 def comparisons(results: dict[str, list[dict]]) -> list[tuple[str, str, list[tuple[str, int]]]]:
     """``(arm, reference, [(measure, direction), ...])`` for the arms in ``results``.
 
-    Each loop against its controls, ``dlguard`` against the standard augmentation of the best mean mCA and
-    against plain training.
+    Each loop against its controls, HDA against plain training under PGD, ``dlguard`` against the standard
+    augmentation of the best mean mCA and against plain training.
     """
     pairs = [
         (loop, control, [("mCA", 1), OWN_MEASURE[loop]])
@@ -808,6 +808,8 @@ def comparisons(results: dict[str, list[dict]]) -> list[tuple[str, str, list[tup
         for control in CONTROLS
         if control.split("-")[0] == loop and loop in results and control in results
     ]
+    if results.get("hda") and results.get("plain"):  # HDA fine-tuning's promise (papers/002): robustness over plain
+        pairs.append(("hda", "plain", [("pgd", 1)]))
     standard = [arm for arm in STANDARD if results.get(arm)]
     if results.get("dlguard") and standard:
         best = max(standard, key=lambda arm: mean(r["mCA"] for r in results[arm]))

@@ -215,8 +215,8 @@ def table10(
     """R̂_g after fine-tuning with each method's test cases, as the paper's RQ4 measures it.
 
     The validation digits are the paper's validation seeds. R̂_g is measured on HDA's AEs (GA stream 0)
-    around the ``--eval-seeds`` densest correctly classified ones, each of which misleads the shipped
-    model (so R̂_g starts at 0); they hold almost all the density. Both HDA runs start each seed's GA
+    around the ``--eval-seeds`` densest correctly classified ones, where the GA finds one (each misleads
+    the shipped model, so R̂_g starts at 0). Both HDA runs start each seed's GA
     from its gradient-sign point (as ``HDACallback`` does; the paper's GA alone finds an AE around
     few dense seeds) with ``--t10-population`` individuals. The test cases come from the same
     validation set, different AEs: HDA's (GA stream 1) around the seeds it selects, PGD's and random
@@ -269,7 +269,7 @@ def table10(
     for budget in args.budgets:
         count = budget // args.per_seed
         runs = {
-            "HDA": (selected[:count], (hda_cases[0][:budget], hda_cases[1][:budget])),
+            "HDA": (selected[:count], (hda_cases[0][: count * args.per_seed], hda_cases[1][: count * args.per_seed])),
             "PGD, HDA's seeds": (selected[:count], None),
             "PGD": (randoms[:count], None),
             "noise": (randoms[:count], None),

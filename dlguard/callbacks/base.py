@@ -112,7 +112,7 @@ class ProbeCallback(Callback, ABC):
       two plain ones), ``None`` no bound. A callback sizes its probe set to ``budget / (forward passes
       per probe input)`` when the set is drawn, and HDA its seeds, populations and GA iterations too,
       never below what a number needs (5 per class for a balanced set, 16 inputs for a uniform one,
-      one HDA seed of 21 individuals). A measurement that costs more than the budget -- the smallest
+      one HDA seed of 2 individuals). A measurement that costs more than the budget -- the smallest
       set, on a small loader -- is spaced out in ``fit`` so that spending averages within the budget:
       a validation measures only while what the measurements cost so far is within the budget of the
       validation epochs so far, this one included (a set that costs 3x the budget is measured at about

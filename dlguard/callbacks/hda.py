@@ -33,7 +33,7 @@ MUTATION_STD_PER_RADIUS = 0.1
 INIT_STD_PER_RADIUS = 0.5
 """The GA's default initial-noise standard deviation, as a share of the radius."""
 _ELITE = 20
-"""The GA's elite (:func:`~dlguard.generate.two_step_ga`'s default): a population holds more."""
+"""The GA's elite (:func:`~dlguard.generate.two_step_ga`'s default): a population that iterates holds more."""
 _SIZING_PASSES = 3
 """One-input passes that size a measurement's passes (the candidates' logits and indicator, the held-out scoring)."""
 
@@ -85,7 +85,7 @@ class HDACallback(ProbeCallback):
         radius: the ``L∞`` radius ``r`` of the norm balls, in ``(0, 1]`` (MNIST: 0.1).
         indicator: ``"grad"`` (``S_grad``) or ``"sep"`` (``S_sep``).
         population: GA population per seed ``N`` (the paper: 1000), at most: a budget that cannot pay
-            ``k`` initial populations runs smaller ones (down to 21, or ``num_best``).
+            ``k`` initial populations runs smaller ones (down to 2, or ``num_best``, then fewer seeds).
         iterations: GA iterations ``T`` (the paper: 100), at most: a budget that cannot pay ``k``
             seeds at ``T`` runs every seed with the iterations it pays for, down to none (the initial
             population only). The defaults, 10 seeds of 100 x 30, are a thirtieth of the paper's
@@ -200,9 +200,11 @@ class HDACallback(ProbeCallback):
         for the bank): a seed costs ``population · (iterations + 1)`` forward passes and 2 or 3 more
         (its logits, its held-out scoring, its gradient start). When ``k`` seeds at the full
         ``iterations`` do not fit, all ``k`` run the iterations that fit, down to none (their initial
-        population only); when even that does not fit, the population shrinks (to no fewer than
-        ``elite + 1`` = 21 individuals, nor ``num_best``) and as many seeds as fit run their initial
-        population -- with ``gradient_start``, a fast-gradient-sign point among random ones, the best kept.
+        population only); when even that does not fit, the population shrinks (to no fewer than 2
+        individuals, nor ``num_best``: without an iteration the elite breeds nothing, and each seed's
+        gradient-sign point is a better chance of an AE than more random individuals around fewer seeds)
+        and as many seeds as fit run their initial population -- with ``gradient_start``, a
+        fast-gradient-sign point among random ones, the best kept.
         """
         population, iterations = self.ga["population"], self.ga["iterations"]
         if allowed is None:
@@ -213,7 +215,7 @@ class HDACallback(ProbeCallback):
             return self.k, population, iterations
         if share >= self.k * (population + extra):
             return self.k, population, min(iterations, (share // self.k - extra) // population - 1)
-        smallest = min(population, max(_ELITE + 1, self.ga["num_best"]))
+        smallest = min(population, max(2, self.ga["num_best"]))  # no iteration: the elite breeds nothing
         population = max(smallest, share // self.k - extra)
         return max(1, min(self.k, share // (population + extra))), population, 0
 
@@ -299,7 +301,7 @@ class HDACallback(ProbeCallback):
                 heldout=self.heldout,
                 gradient_start=self.gradient_start,
                 validate_args=False,  # the probe draw checked the values
-                **{**self.ga, "population": population, "iterations": iterations},
+                **{**self.ga, "population": population, "iterations": iterations, "elite": min(_ELITE, population - 1)},
             )
         except NoCorrectCandidateError as error:  # every process reaches it: the correct mask is gathered first
             # the set was drawn from predictions made in another pass (the validation step's, or an earlier

@@ -291,12 +291,14 @@ def test_the_paired_table_differences_each_seed_s_runs() -> None:
         "metamorphic": [{"mCA": 0.84, "violation_rate": 0.05}, {"mCA": 0.86, "violation_rate": 0.07}],
         "metamorphic-open": [{"mCA": 0.85, "violation_rate": 0.06}, {"mCA": 0.84, "violation_rate": 0.10}],
         "dlguard": [{"clean": 0.91, "mCA": 0.88, "pgd": 0.52}, {"clean": 0.92, "mCA": 0.82, "pgd": 0.58}],
+        "hda": [{"mCA": 0.81, "R_g": 0.9, "pgd": 0.55}, {"mCA": 0.82, "R_g": 0.9, "pgd": 0.58}],  # no control here
     }
     rows = cl.paired(results)[2:]
     # per-seed differences (a, b): mean (a + b) / 2, standard error |a - b| / 2, seeds where the arm did better
     assert rows == [
         "| metamorphic − metamorphic-open | mCA | +0.005 ± 0.015 | 1 of 2 |",  # -0.01, +0.02
         "| metamorphic − metamorphic-open | violation_rate ↓ | -0.020 ± 0.010 | 2 of 2 |",  # -0.01, -0.03: lower
+        "| hda − plain | pgd | +0.015 ± 0.035 | 1 of 2 |",  # +0.05, -0.02
         "| dlguard − augmix | mCA | +0.010 ± 0.020 | 1 of 2 |",  # +0.03, -0.01
         "| dlguard − augmix | pgd | +0.025 ± 0.055 | 1 of 2 |",  # -0.03, +0.08
         "| dlguard − plain | clean | -0.005 ± 0.015 | 1 of 2 |",  # +0.01, -0.02

@@ -143,9 +143,10 @@ def test_hda_sizes_seeds_population_and_iterations_to_the_budget(tmp_path: Path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         record = _validate(tmp_path / "small", small, CountingModule())
-    # 150 passes cannot pay 10 populations of 40: populations of 21 (elite + 1), as many seeds as fit (21 + 3
-    # passes each), no iteration; the 16 candidates' 32 passes and 3 sizing passes fit beside them
-    assert (record["seeds"], record["population"], record["iterations"]) == (150 // 24, 21, 0)
+    # 150 passes cannot pay 10 populations of 40: no iteration, so no elite to keep, and every seed gets the
+    # population that fits beside its logits, held-out check and gradient start (150 // 10 - 3 = 12 individuals);
+    # the 16 candidates' 32 passes and 3 sizing passes fit beside them
+    assert (record["seeds"], record["population"], record["iterations"]) == (10, 12, 0)
     assert record["budget"]["forward_passes"] <= 200 and record["budget"]["probe_inputs"] >= 16
     keeps = HDACallback(budget=200, k=10, population=40, iterations=30, num_best=30)
     with warnings.catch_warnings():
@@ -238,13 +239,13 @@ def test_resumed_without_a_budget_it_measures_at_every_epoch(tmp_path: Path) -> 
 
 
 def test_hda_is_spaced_by_what_its_plan_costs(tmp_path: Path) -> None:
-    # 40 passes plan 1 seed of 21 individuals, no iteration (21 + 2 + 1 for its gradient start), 3 sizing passes
-    # and 16 candidates x 2: 59 passes. By hand (a measurement starts while what was spent is within 40 per
-    # epoch so far): 0 at epoch 0, 59 <= 80 at 1, 118 <= 120 at 2, 177 > 160 at 3, 177 <= 200 at 4
-    hda = HDACallback(budget=40)
-    with pytest.warns(UserWarning, match=r"costs 59 forward passes, 1\.5x budget=40 \(40\)"):
+    # 30 passes plan 1 seed of 2 individuals (the fewest), no iteration (2 + 2 + 1 for its gradient start),
+    # 3 sizing passes and 16 candidates x 2: 40 passes. By hand (a measurement starts while what was spent is
+    # within 30 per epoch so far): 0 at epoch 0, 40 <= 60 at 1, 80 <= 90 at 2, 120 <= 120 at 3, 160 > 150 at 4
+    hda = HDACallback(budget=30)
+    with pytest.warns(UserWarning, match=r"costs 40 forward passes, 1\.3x budget=30 \(30\)"):
         trainer = quick_trainer(tmp_path, [hda], epochs=5, train_batches=1, val_batches=2)
         trainer.fit(ClassifierModule(pretrained("mnist_a"), lr=1e-6), datamodule=MNISTDataModule(batch_size=50))
-    assert [r["epoch"] for r in hda.history] == [0, 1, 2, 4]
-    assert {(r["seeds"], r["population"], r["iterations"]) for r in hda.history} == {(1, 21, 0)}
-    assert {r["budget"]["forward_passes"] for r in hda.history} == {59}  # the plan's cost is what it spent
+    assert [r["epoch"] for r in hda.history] == [0, 1, 2, 3]
+    assert {(r["seeds"], r["population"], r["iterations"]) for r in hda.history} == {(1, 2, 0)}
+    assert {r["budget"]["forward_passes"] for r in hda.history} == {40}  # the plan's cost is what it spent
