@@ -61,20 +61,76 @@ def _table() -> dict[str, Callable[[int], object]]:
     }
 
 
+def _pixels(images: Tensor) -> np.ndarray:
+    """``(N, H, W, 3)`` uint8 of float ``(N, C, H, W)`` images in ``[0, 1]`` (a grey image as three equal channels)."""
+    rgb = images.expand(-1, 3, -1, -1) if images.shape[1] == 1 else images
+    return (rgb.permute(0, 2, 3, 1) * 255).round().to(torch.uint8).cpu().numpy()
+
+
+def _images(pixels: np.ndarray, grey: bool) -> Tensor:
+    """Float ``(N, C, H, W)`` in ``[0, 1]`` of ``(N, H, W, 3)`` uint8 (a grey image: the channels' mean)."""
+    tensor = torch.from_numpy(pixels).permute(0, 3, 1, 2).float() / 255
+    return tensor.mean(1, keepdim=True) if grey else tensor
+
+
 def corrupt(images: Tensor, seed: int = 0) -> dict[str, Tensor]:
     """``{corruption: (5, N, C, H, W)}``: every image of ``images`` ``(N, C, H, W)`` in ``[0, 1]`` at severities 1-5."""
     import albumentations as A
 
-    grey = images.shape[1] == 1
-    pixels = (images.expand(-1, 3, -1, -1) if grey else images).permute(0, 2, 3, 1)
-    pixels = (pixels * 255).round().to(torch.uint8).numpy()
-    out = {}
+    pixels, out = _pixels(images), {}
     for index, (name, make) in enumerate(_table().items()):
         levels = []
         for severity in range(1, SEVERITIES + 1):
             compose = A.Compose([make(severity)], seed=seed + 1000 * index + severity)
             corrupted = np.stack([compose(image=np.ascontiguousarray(image))["image"] for image in pixels])
-            tensor = torch.from_numpy(corrupted).permute(0, 3, 1, 2).float() / 255
-            levels.append(tensor.mean(1, keepdim=True) if grey else tensor)
+            levels.append(_images(corrupted, grey=images.shape[1] == 1))
         out[name] = torch.stack(levels)
     return out
+
+
+def random_corruption(fraction: float = 0.5, seed: int = 0) -> Callable[[Tensor], Tensor]:
+    """Training on the judge's own corruptions: a reference no augmentation a user picks can be.
+
+    Each image of a batch, with probability ``fraction``, goes through one of the fifteen corruptions
+    at one of its five severities, both drawn at random, with draws of its own (seeded ``seed``, not
+    the judge's seeds). How much mCA training on the test corruptions themselves buys bounds what
+    an augmentation aimed at them can buy in the same fit.
+
+    Example:
+        >>> import torch
+        >>> augment = random_corruption(fraction=0.5, seed=0)
+        >>> x = torch.zeros(64, 1, 28, 28); x[:, :, 8:20, 12:16] = 1
+        >>> out = augment(x)
+        >>> out.shape, 16 < int((out != x).flatten(1).any(1).sum()) < 48  # about half of them corrupted
+        (torch.Size([64, 1, 28, 28]), True)
+    """
+    import albumentations as A
+
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction: expected a probability in [0, 1], got {fraction}")
+    draws = np.random.default_rng(seed)
+    composes = [
+        [A.Compose([make(severity)], seed=int(draws.integers(2**31))) for severity in range(1, SEVERITIES + 1)]
+        for make in _table().values()
+    ]
+
+    def apply(images: Tensor) -> Tensor:
+        chosen = np.flatnonzero(draws.random(len(images)) < fraction)
+        if not len(chosen):
+            return images
+        kinds, severities = (
+            draws.integers(len(composes), size=len(chosen)),
+            draws.integers(SEVERITIES, size=len(chosen)),
+        )
+        pixels = _pixels(images[torch.as_tensor(chosen)])
+        corrupted = np.stack(
+            [
+                composes[k][s](image=np.ascontiguousarray(image))["image"]
+                for k, s, image in zip(kinds, severities, pixels, strict=True)
+            ]
+        )
+        out = images.clone()
+        out[torch.as_tensor(chosen)] = _images(corrupted, grey=images.shape[1] == 1).to(images)
+        return out
+
+    return apply

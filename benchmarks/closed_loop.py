@@ -4,7 +4,7 @@
                                      [--arms NAME ...] [--combine LOOP ...] [--out results.json]
                                      [--accelerator cpu|gpu]
                                      [--hda|--robustness|--metamorphic|--dscore|--relevancy KEY=VALUE ...]
-                                     [--replay|--bank|--guide|--padding KEY=VALUE ...]
+                                     [--replay|--bank|--guide|--padding|--oracle KEY=VALUE ...]
                                      [--violation_guide [KEY=VALUE ...]] [--spread cell|property|even]
                                      [--properties framework|label_preserving|deeptest_roads ...]
                                      [--control_draws loop|global]
@@ -34,6 +34,9 @@ to the training batches differs:
 
 - ``plain``; the standard augmentations ``augmix``, ``trivialaugment``, ``randaugment``
   (torchvision's, per image) and ``noise`` (Gaussian, ``σ ~ U(0, 0.3)`` per image);
+- ``oracle``, a reference no user has: half the training images (``--oracle fraction=...``) through
+  the judge's own corruptions, one drawn at random at a random severity (draws of its own, not the
+  judge's): how much mCA there is to gain by aiming at these corruptions in this fit;
 - each dlguard loop at its defaults, its measurements on a validation split: ``robustness``
   (``RobustnessCallback`` + ``ErrorGuidedAugmentation`` + ``FailureReplay``), ``dscore``
   (``DScoreCallback`` + ``ScoreGuidedPadding``), ``hda`` (``HDACallback`` + ``FailureReplay``),
@@ -74,8 +77,8 @@ and the fit's wall time, over ``plain``'s. Mean ± standard deviation over the s
 
 A second table compares seed by seed, since every arm of a seed shares the split, the initial weights
 and the first epoch's shuffle (a loop and its control every shuffle): each loop against its controls
-(on mCA and on its own measure), and the ``dlguard`` arm against the best standard augmentation (mCA,
-PGD) and plain training (clean accuracy, PGD). A row
+(on mCA and on its own measure), HDA against plain training (PGD), and the ``dlguard`` arm against the
+best standard augmentation (mCA, PGD), plain training (clean accuracy, PGD) and ``oracle`` (mCA). A row
 gives the mean of the per-seed differences ± its standard error and the seeds in which the first arm
 did better; a mean within two standard errors of 0 is no difference these seeds can show.
 
@@ -108,7 +111,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from _corruptions import corrupt
+from _corruptions import corrupt, random_corruption
 from _resnet import Normalize, resnet18_cifar
 from sklearn.model_selection import train_test_split
 from torch import Tensor, nn
@@ -268,6 +271,13 @@ STANDARD = {
     "randaugment": lambda: per_image(v2.RandAugment()),
     "noise": lambda: gaussian_noise,
 }
+
+REFERENCES: dict[str, Callable[[int], Callable[[Tensor], Tensor]]] = {
+    "oracle": lambda seed: random_corruption(seed=seed, **OPTIONS["oracle"]),
+}
+"""Arms no user has, which tell how much there is to gain: ``oracle`` trains on the judge's own corruptions
+(``--oracle fraction=0.5``: each image's chance of one, at a random severity). Never the best standard
+augmentation of the paired table."""
 
 
 # ---- the loops, their doses and their open-loop controls ----------------------------------------
@@ -450,12 +460,14 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "guide": {},
     "violation_guide": {},
     "padding": {},
+    "oracle": {},
 }
 """Arguments other than the defaults, from ``--<name> key=value ...``: the callbacks' (e.g. ``--hda k=50
 budget=None``, ``--metamorphic budget=None``, ``--relevancy budget=None``), ``FailureReplay``'s and
 ``FailureBank``'s (loops and controls alike, e.g. ``--replay repeats=None``, ``--bank capacity=1024``), the
 robustness loop's ``ErrorGuidedAugmentation``'s (``--guide strength=1.0``), the metamorphic loop's
-(``--violation_guide``, which also turns that guide on) and ``ScoreGuidedPadding``'s."""
+(``--violation_guide``, which also turns that guide on), ``ScoreGuidedPadding``'s and the ``oracle`` arm's
+(``--oracle fraction=0.25``)."""
 
 
 class SpreadGuide(ErrorGuidedAugmentation):
@@ -590,7 +602,7 @@ PROPERTIES: list[str] = ["framework"]
 COMBINED: list[str] = []
 """The loops the ``dlguard`` arm combines (``--combine``); empty: all the setting has (relevancy: the scenes)."""
 CONTROLS = ("robustness-open", "dscore-open", "hda-open", "hda-pgd", "metamorphic-open", "relevancy-open")
-ARMS = ("plain", *STANDARD, *LOOPS, *CONTROLS)
+ARMS = ("plain", *STANDARD, *REFERENCES, *LOOPS, *CONTROLS)
 
 
 # ---- judging ------------------------------------------------------------------------------------
@@ -712,6 +724,8 @@ def fit(
         arm = Arm([])
     elif arm_name in STANDARD:
         arm = Arm([], augment=STANDARD[arm_name]())
+    elif arm_name in REFERENCES:
+        arm = Arm([], augment=REFERENCES[arm_name](seed))
     elif arm_name in LOOPS:
         arm = loop_arm(arm_name, setting, seed)
     else:
@@ -800,7 +814,7 @@ def comparisons(results: dict[str, list[dict]]) -> list[tuple[str, str, list[tup
     """``(arm, reference, [(measure, direction), ...])`` for the arms in ``results``.
 
     Each loop against its controls, HDA against plain training under PGD, ``dlguard`` against the standard
-    augmentation of the best mean mCA and against plain training.
+    augmentation of the best mean mCA, against plain training and against training on the judge's corruptions.
     """
     pairs = [
         (loop, control, [("mCA", 1), OWN_MEASURE[loop]])
@@ -816,6 +830,8 @@ def comparisons(results: dict[str, list[dict]]) -> list[tuple[str, str, list[tup
         pairs.append(("dlguard", best, [("mCA", 1), ("pgd", 1)]))
     if results.get("dlguard") and results.get("plain"):
         pairs.append(("dlguard", "plain", [("clean", 1), ("pgd", 1)]))
+    if results.get("dlguard") and results.get("oracle"):  # how much of what there was to gain
+        pairs.append(("dlguard", "oracle", [("mCA", 1)]))
     return pairs
 
 

@@ -38,7 +38,7 @@ while [ $# -gt 0 ]; do
         *) options+=("$1"); shift ;;
     esac
 done
-groups=("plain dlguard" "augmix noise" "trivialaugment randaugment" "robustness robustness-open"
+groups=("plain dlguard" "augmix noise oracle" "trivialaugment randaugment" "robustness robustness-open"
     "dscore dscore-open" "metamorphic metamorphic-open" "hda hda-open hda-pgd")
 [ "$setting" = "mnist" ] || groups+=("relevancy relevancy-open")  # object relevancy needs the scenes' masks
 parts="$(mktemp -d)"

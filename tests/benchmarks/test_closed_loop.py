@@ -292,6 +292,7 @@ def test_the_paired_table_differences_each_seed_s_runs() -> None:
         "metamorphic-open": [{"mCA": 0.85, "violation_rate": 0.06}, {"mCA": 0.84, "violation_rate": 0.10}],
         "dlguard": [{"clean": 0.91, "mCA": 0.88, "pgd": 0.52}, {"clean": 0.92, "mCA": 0.82, "pgd": 0.58}],
         "hda": [{"mCA": 0.81, "R_g": 0.9, "pgd": 0.55}, {"mCA": 0.82, "R_g": 0.9, "pgd": 0.58}],  # no control here
+        "oracle": [{"mCA": 0.95, "pgd": 0.9}, {"mCA": 0.90, "pgd": 0.9}],  # a reference, never the best standard one
     }
     rows = cl.paired(results)[2:]
     # per-seed differences (a, b): mean (a + b) / 2, standard error |a - b| / 2, seeds where the arm did better
@@ -303,6 +304,7 @@ def test_the_paired_table_differences_each_seed_s_runs() -> None:
         "| dlguard − augmix | pgd | +0.025 ± 0.055 | 1 of 2 |",  # -0.03, +0.08
         "| dlguard − plain | clean | -0.005 ± 0.015 | 1 of 2 |",  # +0.01, -0.02
         "| dlguard − plain | pgd | +0.000 ± 0.020 | 1 of 2 |",  # +0.02, -0.02
+        "| dlguard − oracle | mCA | -0.075 ± 0.005 | 0 of 2 |",  # -0.07, -0.08
     ]
 
 
@@ -349,3 +351,32 @@ def test_the_tables_of_a_file_still_being_written_show_the_arms_that_ran() -> No
     lines = cl.summarise({"plain": [run], "robustness": [{**run, "seconds": 3.0}], "robustness-open": []})
     assert [line.split(" | ")[0] for line in lines[2:]] == ["| plain", "| robustness"]
     assert lines[3].endswith("| 1.5x |") and "0.250 ± 0.000" in lines[3]
+
+
+def test_the_oracle_puts_a_fraction_of_the_images_through_the_judge_s_corruptions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import _corruptions
+    import albumentations as A
+    import numpy as np
+
+    def shift(sign: int) -> object:  # a planted table: brighten or darken by 10 grey levels per severity
+        return lambda s: A.Lambda(
+            image=lambda img, **_: np.clip(img.astype(int) + sign * 10 * s, 0, 255).astype(np.uint8)
+        )
+
+    monkeypatch.setattr(_corruptions, "_table", lambda: {"brighten": shift(1), "darken": shift(-1)})
+    monkeypatch.setitem(cl.OPTIONS, "oracle", {"fraction": 0.3})
+    x = torch.full((2000, 1, 4, 4), 128 / 255)
+    out = cl.REFERENCES["oracle"](0)(x)
+    steps = ((out - x) * 255).round()[:, 0, 0, 0]
+    assert torch.equal(((out - x) * 255).round(), steps[:, None, None, None].expand_as(x))  # one shift per image
+    changed = steps != 0
+    assert 0.27 < changed.float().mean() < 0.33  # the fraction, and the rest left exactly as they were
+    assert torch.equal(out[~changed], x[~changed])
+    # each corrupted image: one corruption at one severity 1-5, all ten drawn
+    assert set(steps[changed].tolist()) == {float(10 * s * sign) for s in range(1, 6) for sign in (1, -1)}
+    again = cl.REFERENCES["oracle"](0)(x)  # its own draws, seeded: the same seed corrupts alike, another not
+    assert torch.equal(again, out) and not torch.equal(cl.REFERENCES["oracle"](1)(x), out)
+    with pytest.raises(ValueError, match="fraction"):
+        _corruptions.random_corruption(fraction=1.5)
