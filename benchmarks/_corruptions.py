@@ -89,12 +89,12 @@ def corrupt(images: Tensor, seed: int = 0) -> dict[str, Tensor]:
 
 
 def random_corruption(fraction: float = 0.5, seed: int = 0) -> Callable[[Tensor], Tensor]:
-    """Training on the judge's own corruptions: a reference no augmentation a user picks can be.
+    """Training on the judge's own corruptions: a reference, not an augmentation a user could pick.
 
     Each image of a batch, with probability ``fraction``, goes through one of the fifteen corruptions
     at one of its five severities, both drawn at random, with draws of its own (seeded ``seed``, not
-    the judge's seeds). How much mCA training on the test corruptions themselves buys bounds what
-    an augmentation aimed at them can buy in the same fit.
+    the judge's seeds, and neither torch's nor NumPy's global generator). How much mCA training on
+    the test corruptions themselves buys tells how much there is to gain in the same fit.
 
     Example:
         >>> import torch

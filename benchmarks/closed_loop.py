@@ -214,7 +214,7 @@ SETTINGS: dict[str, Callable[[], Setting]] = {
 
 
 class Classifier(L.LightningModule):
-    """The network behind ``preprocess``; ``augment`` (a standard augmentation arm's) runs in the training step."""
+    """The network behind ``preprocess``; ``augment`` (a standard or reference arm's) runs in the training step."""
 
     def __init__(
         self,
