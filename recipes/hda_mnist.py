@@ -249,7 +249,11 @@ def table10(
         preds = predict(tuned, aes)
         return {
             "rg": float(empirical_global_robustness(preds, aes_y, aes_log_p)),
-            "unseen": float(empirical_global_robustness(preds[unseen], aes_y[unseen], aes_log_p[unseen])),
+            "unseen": (  # None, not NaN (invalid JSON), when every AE's seed gave a test case
+                float(empirical_global_robustness(preds[unseen], aes_y[unseen], aes_log_p[unseen]))
+                if unseen.any()
+                else None
+            ),
             "unseen_aes": int(unseen.sum()),
             "train": accuracy(tuned, *train),
             "val": accuracy(tuned, val_x, val_y),

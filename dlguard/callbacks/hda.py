@@ -33,7 +33,14 @@ MUTATION_STD_PER_RADIUS = 0.1
 INIT_STD_PER_RADIUS = 0.5
 """The GA's default initial-noise standard deviation, as a share of the radius."""
 _ELITE = 20
-"""The GA's elite (:func:`~dlguard.generate.two_step_ga`'s default): a population that iterates holds more."""
+"""The GA's elite (:func:`~dlguard.generate.two_step_ga`'s default), kept below smaller populations (:func:`_elite`)."""
+
+
+def _elite(population: int) -> int:
+    """The elite a population of ``population`` runs with: 20, or all but one individual of a smaller one."""
+    return min(_ELITE, population - 1)
+
+
 _SIZING_PASSES = 3
 """One-input passes that size a measurement's passes (the candidates' logits and indicator, the held-out scoring)."""
 
@@ -84,7 +91,8 @@ class HDACallback(ProbeCallback):
         probe_size: candidates in the probe set the seeds are selected from (over all processes).
         radius: the ``L∞`` radius ``r`` of the norm balls, in ``(0, 1]`` (MNIST: 0.1).
         indicator: ``"grad"`` (``S_grad``) or ``"sep"`` (``S_sep``).
-        population: GA population per seed ``N`` (the paper: 1000), at most: a budget that cannot pay
+        population: GA population per seed ``N`` (the paper: 1000; at least 2, whose best ``min(20, N − 1)``
+            are the elite), at most: a budget that cannot pay
             ``k`` initial populations runs smaller ones (down to 2, or ``num_best``, then fewer seeds).
         iterations: GA iterations ``T`` (the paper: 100), at most: a budget that cannot pay ``k``
             seeds at ``T`` runs every seed with the iterations it pays for, down to none (the initial
@@ -158,6 +166,7 @@ class HDACallback(ProbeCallback):
             check_distribution(distribution, fitted=False)  # fitted by the time the trainer sets the callback up
         positive_int("fit_inputs", fit_inputs, minimum=2)
         positive_int("k", k)
+        positive_int("population", population, minimum=2)  # an elite and one child at least
         positive_int("probe_size", probe_size)
         positive_int("gallery", gallery, minimum=0)
         optional_positive_int("max_batch", max_batch)
@@ -166,7 +175,7 @@ class HDACallback(ProbeCallback):
         init_std = radius * INIT_STD_PER_RADIUS if init_std is None else init_std
         ga = {"population": population, "iterations": iterations, "num_best": num_best, "perceptual": perceptual,
               "alpha": alpha, "mutation_std": mutation_std, "init_std": init_std}  # fmt: skip
-        check_ga_options(None, radius, **ga)
+        check_ga_options(None, radius, **ga, elite=_elite(population))
         self._check_bank(bank)
         super().__init__(**options)
         self.distribution, self.k, self.probe_size, self.radius = distribution, k, probe_size, float(radius)
@@ -301,7 +310,7 @@ class HDACallback(ProbeCallback):
                 heldout=self.heldout,
                 gradient_start=self.gradient_start,
                 validate_args=False,  # the probe draw checked the values
-                **{**self.ga, "population": population, "iterations": iterations, "elite": min(_ELITE, population - 1)},
+                **{**self.ga, "population": population, "iterations": iterations, "elite": _elite(population)},
             )
         except NoCorrectCandidateError as error:  # every process reaches it: the correct mask is gathered first
             # the set was drawn from predictions made in another pass (the validation step's, or an earlier

@@ -142,7 +142,8 @@ def test_the_model_is_left_as_found_and_bad_input_fails_before_any_work(tmp_path
     for kwargs, message in (
         ({"radius": 0.0}, r"radius: expected a value in \(0, 1\]"),
         ({"radius": 1.5}, r"radius: expected a value in \(0, 1\]"),
-        ({"population": 20}, "population: population smaller than the elite"),
+        ({"population": 1}, "population: expected an integer of at least 2"),
+        ({"population": 8, "num_best": 9}, "num_best: expected at most population"),
         ({"mutation_std": -0.1}, "mutation_std: expected a value of 0 or more"),
         ({"indicator": "fgsm"}, "indicator: expected 'grad'"),
         ({"perceptual": "lpips"}, "perceptual: expected one of"),
@@ -153,6 +154,18 @@ def test_the_model_is_left_as_found_and_bad_input_fails_before_any_work(tmp_path
             HDACallback(distribution=distribution, **{**SMALL, **kwargs})
     with pytest.raises(ValueError, match="distribution: expected a GlobalDistribution"):
         HDACallback(distribution=pretrained("vae_mnist"))
+
+
+def test_a_population_below_the_paper_s_elite_iterates_with_all_but_one_individual_as_elite(
+    tmp_path: Path, distribution
+) -> None:
+    # the budget's plan runs populations down to 2; a population asked for is allowed as small
+    callback = HDACallback(distribution=distribution, **{**SMALL, "population": 8, "iterations": 3})
+    trainer = quick_trainer(tmp_path, [callback], val_batches=1)
+    trainer.validate(ClassifierModule(pretrained("mnist_a")), datamodule=MNISTDataModule(batch_size=50),
+                     verbose=False)  # fmt: skip
+    assert (callback.latest["population"], callback.latest["iterations"]) == (8, 3)
+    assert 0.0 <= callback.latest["logged"]["hda/ae_proportion"] <= 1.0
 
 
 def test_outputs_that_are_not_logits_are_refused_naming_output_transform(tmp_path: Path, distribution) -> None:
