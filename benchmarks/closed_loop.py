@@ -7,7 +7,7 @@
                                      [--replay|--bank|--guide|--padding|--oracle KEY=VALUE ...]
                                      [--violation_guide [KEY=VALUE ...]] [--spread cell|property|even]
                                      [--properties framework|label_preserving|deeptest_roads ...]
-                                     [--control_draws loop|global]
+                                     [--control_draws loop|global] [--on augmix|trivialaugment|randaugment|noise]
     python benchmarks/closed_loop.py --results results.json   # the tables of a file written by --out
     python benchmarks/closed_loop.py --results part1.json part2.json --out merged.json  # one file of several
     bash benchmarks/closed_loop_gpu.sh merged.json --setting scenes   # one process per loop and seed
@@ -26,6 +26,10 @@ control draws from (default ``framework``, the trio; several: their union, a rep
 the first preset's property).
 ``--combine`` names the loops the
 ``dlguard`` arm combines (default: all of the setting's). ``--accelerator gpu`` fits and judges on the GPU.
+``--on NAME`` trains every loop and control arm on top of that standard augmentation, as a user who adds
+dlguard to a pipeline that already augments would: it transforms the loader's rows first, before any
+guide or replay (as a dataset transform would), so replayed failures go in as they were found. The
+paired table then also compares ``dlguard`` with ``NAME`` alone: what the loops add to it.
 
 Every arm trains the same network from scratch on the same training split for the same epochs, with
 the same seeds (Adam 1e-3, on the RGB scenes decayed to 0 on a cosine over the epochs; batches of 64; the
@@ -278,6 +282,24 @@ REFERENCES: dict[str, Callable[[int], Callable[[Tensor], Tensor]]] = {
 """Arms no user has, which tell how much there is to gain: ``oracle`` trains on the judge's own corruptions
 (``--oracle fraction=0.5``: each image's chance of one, at a random severity). Never the best standard
 augmentation of the paired table."""
+
+ON: list[str] = []
+"""Non-empty: the standard augmentation every loop and control arm trains on top of (``--on``)."""
+
+
+class Underneath(L.Callback):
+    """A standard augmentation under a loop (``--on``): the loader's rows, in place, before any guide or replay.
+
+    First in the arm's callbacks, so Lightning calls it before the guides transform and ``FailureReplay``
+    writes its rows: replayed failures are not augmented again, as with a dataset transform.
+    """
+
+    def __init__(self, augment: Callable[[Tensor], Tensor]) -> None:
+        self.augment = augment
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
+        with torch.no_grad():
+            batch[0].copy_(self.augment(batch[0]))
 
 
 # ---- the loops, their doses and their open-loop controls ----------------------------------------
@@ -696,6 +718,26 @@ def judge(model: Classifier, setting: Setting, corrupted: dict[str, Tensor], dis
 # ---- one run ------------------------------------------------------------------------------------
 
 
+def make_arm(arm_name: str, setting: Setting, seed: int, doses: dict[str, Any]) -> Arm:
+    """The arm ``arm_name`` adds to a fit; under ``--on`` a loop's or control's callbacks start with ``Underneath``."""
+    if arm_name == "plain":
+        return Arm([])
+    if arm_name in STANDARD:
+        return Arm([], augment=STANDARD[arm_name]())
+    if arm_name in REFERENCES:
+        return Arm([], augment=REFERENCES[arm_name](seed))
+    if arm_name in LOOPS:
+        arm = loop_arm(arm_name, setting, seed)
+    else:
+        loop = arm_name.split("-")[0]
+        if loop not in doses:
+            raise SystemExit(f"--arms: {arm_name} follows the dose of {loop}: run {loop} before it (same seeds)")
+        arm = open_arm(arm_name, setting, seed, doses[loop])
+    if ON:
+        arm.callbacks.insert(0, Underneath(STANDARD[ON[0]]()))
+    return arm
+
+
 def fit(
     arm_name: str,
     setting: Setting,
@@ -720,19 +762,7 @@ def fit(
         The trained model and its record: fit seconds, warnings, dose, rows replayed.
     """
     L.seed_everything(seed, verbose=False)
-    if arm_name == "plain":
-        arm = Arm([])
-    elif arm_name in STANDARD:
-        arm = Arm([], augment=STANDARD[arm_name]())
-    elif arm_name in REFERENCES:
-        arm = Arm([], augment=REFERENCES[arm_name](seed))
-    elif arm_name in LOOPS:
-        arm = loop_arm(arm_name, setting, seed)
-    else:
-        loop = arm_name.split("-")[0]
-        if loop not in doses:
-            raise SystemExit(f"--arms: {arm_name} follows the dose of {loop}: run {loop} before it (same seeds)")
-        arm = open_arm(arm_name, setting, seed, doses[loop])
+    arm = make_arm(arm_name, setting, seed, doses)
     if keep is not None:
         keep.append(arm)
     model = Classifier(setting.make_net(), setting.preprocess, arm.augment, setting.cosine)
@@ -755,6 +785,8 @@ def fit(
         {str(w.message)[:160] for w in caught if "dlguard" in str(w.filename) or "Callback" in str(w.message)}
     )
     record = {"seconds": seconds, "warnings": said}
+    if ON and (arm_name in LOOPS or arm_name in CONTROLS):
+        record["on"] = ON[0]
     if arm.dose is not None:
         record["dose"] = arm.dose.record()
         doses[arm_name] = record["dose"]
@@ -796,8 +828,14 @@ def summarise(results: dict[str, list[dict]]) -> list[str]:
         time = (
             f"{seconds / plain_time:.1f}x" if plain_time == plain_time else f"{seconds:.1f} s"
         )  # no plain arm: seconds
-        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {time} |")
+        lines.append(f"| {_label(arm, runs)} | " + " | ".join(cells) + f" | {time} |")
     return lines
+
+
+def _label(arm: str, runs: list[dict]) -> str:
+    """The arm's name, with the standard augmentation it trained on top of (``--on``), if any."""
+    under = {run["on"] for run in runs if "on" in run}
+    return f"{arm} on {'/'.join(sorted(under))}" if under else arm
 
 
 OWN_MEASURE = {
@@ -828,6 +866,9 @@ def comparisons(results: dict[str, list[dict]]) -> list[tuple[str, str, list[tup
     if results.get("dlguard") and standard:
         best = max(standard, key=lambda arm: mean(r["mCA"] for r in results[arm]))
         pairs.append(("dlguard", best, [("mCA", 1), ("pgd", 1)]))
+        under = {run["on"] for run in results["dlguard"] if "on" in run}
+        if len(under) == 1 and (on := under.pop()) != best and results.get(on):  # what the loops add to it
+            pairs.append(("dlguard", on, [("mCA", 1), ("pgd", 1)]))
     if results.get("dlguard") and results.get("plain"):
         pairs.append(("dlguard", "plain", [("clean", 1), ("pgd", 1)]))
     if results.get("dlguard") and results.get("oracle"):  # how much of what there was to gain
@@ -861,7 +902,8 @@ def paired(results: dict[str, list[dict]]) -> list[str]:
             better = sum(direction * d > 0 for d in diffs)
             arrow = " ↓" if direction < 0 else ""
             difference = f"{mean(diffs):+.3f} ± {error:.3f}"
-            lines.append(f"| {arm} − {reference} | {measure}{arrow} | {difference} | {better} of {len(diffs)} |")
+            name = _label(arm, results[arm])
+            lines.append(f"| {name} − {reference} | {measure}{arrow} | {difference} | {better} of {len(diffs)} |")
     return lines
 
 
@@ -909,6 +951,10 @@ def main() -> None:
         help="the robustness loop's property presets (their union; a repeated name keeps the first preset's)",
     )  # fmt: skip
     parser.add_argument(
+        "--on", choices=tuple(STANDARD), default=None,
+        help="the standard augmentation every loop and control arm trains on top of (applied first)",
+    )  # fmt: skip
+    parser.add_argument(
         "--results", type=Path, nargs="+", default=None,
         help="print the tables of JSON files --out wrote (several: merged, and written to --out if given)",
     )  # fmt: skip
@@ -925,6 +971,7 @@ def main() -> None:
     SPREAD[:] = [args.spread]
     CONTROL_DRAWS[:] = [args.control_draws]
     PROPERTIES[:] = args.properties
+    ON[:] = [args.on] if args.on else []
     VIOLATION_GUIDE[:] = [] if args.violation_guide is None else [True]  # the flag alone: the guide's defaults
     for name, given in OPTIONS.items():
         for option in getattr(args, name) or []:

@@ -335,6 +335,40 @@ def test_a_loop_s_guide_transforms_the_batch_before_the_replay_puts_its_failures
     assert all(order.index(name) < replay for name in ("RobustnessCallback", "DScoreCallback", "MetamorphicCallback"))
 
 
+def test_on_a_standard_augmentation_the_loader_s_rows_are_augmented_and_replayed_failures_are_not(
+    setting: cl.Setting, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cl, "ON", ["noise"])
+    assert not cl.make_arm("noise", setting, 0, {}).callbacks  # the standard arm itself: as without --on
+    arm = cl.make_arm("metamorphic", setting, 0, {})
+    assert isinstance(arm.callbacks[0], cl.Underneath) and arm.augment is None
+    replay = next(c for c in arm.callbacks if isinstance(c, cl.FailureReplay))
+    failures = torch.full((4, 1, 28, 28), 0.5)
+    replay.bank.add(failures, torch.arange(4), "planted")
+    trainer = cl.L.Trainer(callbacks=arm.callbacks, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    batch = [torch.zeros(20, 1, 28, 28), torch.zeros(20, dtype=torch.long)]
+    torch.manual_seed(0)
+    for callback in trainer.callbacks:  # in the order Lightning calls them
+        callback.on_train_batch_start(trainer, None, batch, 0)
+    replayed = (batch[0] == 0.5).flatten(1).all(1)  # a noised row is never exactly 0.5 everywhere
+    # the replay's share of the 20 rows, exactly as deposited: not noised again
+    assert int(replayed.sum()) == replay.replayed == round(replay.fraction * 20) > 0
+    others = batch[0][~replayed]
+    assert (others.flatten(1) > 0).any(1).all()  # every loader row went through the noise (σ ~ U(0, 0.3))
+    # and a run records it, so the tables name it; the pair with the augmentation alone is added
+    results = {
+        "augmix": [{"seed": 0, "mCA": 0.9, "pgd": 0.5}],
+        "noise": [{"seed": 0, "mCA": 0.8, "pgd": 0.6}],
+        "dlguard": [{"seed": 0, "mCA": 0.85, "pgd": 0.7, "on": "noise", "seconds": 1.0}],
+    }
+    assert cl.paired(results)[2:] == [
+        "| dlguard on noise − augmix | mCA | -0.050 ± nan | 0 of 1 |",
+        "| dlguard on noise − augmix | pgd | +0.200 ± nan | 1 of 1 |",
+        "| dlguard on noise − noise | mCA | +0.050 ± nan | 1 of 1 |",
+        "| dlguard on noise − noise | pgd | +0.100 ± nan | 1 of 1 |",
+    ]
+
+
 def test_results_of_several_processes_merge_into_one_file_by_arm_and_seed() -> None:
     first = {"dlguard": [{"seed": 2, "mCA": 0.2}], "plain": [{"seed": 2, "mCA": 0.1}]}
     second = {"plain": [{"seed": 0, "mCA": 0.3}], "robustness-open": [{"seed": 0, "mCA": 0.4}]}
