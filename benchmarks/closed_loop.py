@@ -785,7 +785,7 @@ def fit(
         {str(w.message)[:160] for w in caught if "dlguard" in str(w.filename) or "Callback" in str(w.message)}
     )
     record = {"seconds": seconds, "warnings": said}
-    if ON and (arm_name in LOOPS or arm_name in CONTROLS):
+    if isinstance(arm.callbacks[0] if arm.callbacks else None, Underneath):  # make_arm put it under the arm
         record["on"] = ON[0]
     if arm.dose is not None:
         record["dose"] = arm.dose.record()

@@ -355,6 +355,10 @@ def test_on_a_standard_augmentation_the_loader_s_rows_are_augmented_and_replayed
     assert int(replayed.sum()) == replay.replayed == round(replay.fraction * 20) > 0
     others = batch[0][~replayed]
     assert (others.flatten(1) > 0).any(1).all()  # every loader row went through the noise (σ ~ U(0, 0.3))
+    # before a guide too: the robustness loop's ErrorGuidedAugmentation transforms what the noise left
+    guided = cl.make_arm("robustness", setting, 0, {})
+    order = [type(c).__name__ for c in cl.L.Trainer(callbacks=guided.callbacks, logger=False).callbacks]
+    assert order.index("Underneath") < order.index("RobustnessCallback") < order.index("FailureReplay")
     # and a run records it, so the tables name it; the pair with the augmentation alone is added
     results = {
         "augmix": [{"seed": 0, "mCA": 0.9, "pgd": 0.5}],
