@@ -1,13 +1,25 @@
-"""The D-Score paper's Table VI question on the embedded MNIST: does score-guided padding help?
+"""The D-Score paper's Table VI and Fig. 7 on the embedded MNIST: does score-guided padding help, at the right ``p``?
 
-Trains ``mnist_a`` three ways with the same epochs and seeds -- no augmentation, random padding
-+ resize (RPR, the paper's Table II baseline) and score-guided padding driven by
-``DScoreCallback`` (n = 3, t = 5) -- then measures every final model on the 1,000 validation
-digits: per-region translated accuracy ``a_i``, feature distribution ``f̃_i``, ``v_robust``,
-``v_fitness``, D-Score and clean accuracy. Run from the repository root::
+Trains ``mnist_a`` with the same epochs and seeds -- no augmentation, random padding + resize
+(RPR, the paper's Table II baseline) and score-guided padding driven by ``DScoreCallback``
+(n = 3, t = 5) in two ways: ``score-guided``, ``p`` following every epoch's measurement (the
+default, ``p_from="latest"``), and ``score-guided, held``, ``p`` measured once on the model
+trained unpadded for the first 5 of 15 epochs and held (``p_from="unpadded", start_epoch=4``) --
+then measures every final model on the 1,000 validation digits: per-region translated accuracy
+``a_i``, feature distribution ``f̃_i``, ``v_robust``, ``v_fitness``, D-Score and clean accuracy.
+Run from the repository root::
 
-    python recipes/dscore_guided_augmentation.py                 # 3 seeds, 15 epochs (~4 min, 2 CPU cores)
+    python recipes/dscore_guided_augmentation.py                 # 3 seeds, 15 epochs (~5 min, 2 CPU cores)
     python recipes/dscore_guided_augmentation.py --seeds 0 --epochs 3
+
+``--sweep`` adds the paper's Fig. 7: padding at a constant ``p`` (``ScoreGuidedPadding(p)``, the
+same ``p`` as probability and ratio) over a grid of ``p``, and the paper's own procedure, ``p =
+clip(v_robust / g(n), 0, 1)`` measured on the model trained 15 epochs without augmentation and
+held for a second training from scratch (``paper's p``). Fig. 7 claims that ``p`` lands where
+D-Score turns from rising to falling; the table names the grid's best ``p`` and where the
+paper's and the callback's lie::
+
+    python recipes/dscore_guided_augmentation.py --sweep          # + 11 methods x 3 seeds (~20 min more)
 
 Writes ``results.json`` and ``results.md`` into ``--out`` (default ``dlguard-runs/dscore-table-vi``).
 """
@@ -33,6 +45,7 @@ from dlguard.metrics import DScore
 from dlguard.zoo import ClassifierModule, mnist_a
 
 N, T = 3, 5
+HOLD_FROM = 4  # "score-guided, held": the first measurement after 5 of the 15 epochs unpadded
 
 
 class RandomPaddingResize(Callback):
@@ -53,13 +66,57 @@ class RandomPaddingResize(Callback):
             images.copy_(pad_resize(images, ratio, left, top))
 
 
-def train(method: str, seed: int, epochs: int, out: Path) -> ClassifierModule:
+class ConstantPadding(Callback):
+    """Fig. 7's arms: every training batch through ``ScoreGuidedPadding(p)`` at a ``p`` held for the whole fit."""
+
+    def __init__(self, p: float) -> None:
+        self.pad = ScoreGuidedPadding(p=p)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        with torch.no_grad():
+            batch[0].copy_(self.pad(batch[0]))
+
+
+def applied_p(history: list[dict[str, Any]], epochs: int, held: bool = False) -> list[float]:
+    """The ``p`` the callback's guide padded each epoch with: 0 until a validation measured, then its ``p``.
+
+    Epoch ``e`` pads with the ``augment_probability`` of the last validation measurement of an
+    epoch before ``e`` (the callback sets the guide's ``p`` at the end of each validation); with
+    ``held`` (``p_from="unpadded"``) only measurements before the first padded epoch set it.
+    """
+    measured = {r["epoch"]: r["augment_probability"] for r in history if r["stage"] == "validation"}
+    applied, current = [], 0.0
+    for epoch in range(epochs):
+        applied.append(current)
+        if not (held and current > 0):
+            current = measured.get(epoch, current)
+    return applied
+
+
+def train(
+    method: str, seed: int, epochs: int, out: Path, p: float | None = None
+) -> tuple[ClassifierModule, list[float]]:
+    """The trained module and the ``p`` each epoch padded with (RPR: none; the loop: 0 until its first measurement)."""
     L.seed_everything(seed, workers=True, verbose=False)
     callbacks: list[Callback] = []
     if method == "RPR":
         callbacks.append(RandomPaddingResize())
-    if method == "score-guided":
-        callbacks.append(DScoreCallback(n=N, t=T, probe_size=500, guide=ScoreGuidedPadding(), seed=seed))
+    held = method == "score-guided, held"  # the paper's protocol in one fit: p from the unpadded model, held
+    guided = DScoreCallback(
+        n=N,
+        t=T,
+        probe_size=500,
+        guide=ScoreGuidedPadding(),
+        p_from="unpadded" if held else "latest",
+        start_epoch=min(HOLD_FROM, epochs - 1) if held else 0,
+        seed=seed,
+    )
+    if method.startswith("score-guided"):  # the callback: p from each epoch's measurement, or held
+        callbacks.append(guided)
+    if p is not None:
+        callbacks.append(ConstantPadding(p))
     module = ClassifierModule(mnist_a(), num_classes=10)
     trainer = L.Trainer(
         max_epochs=epochs,
@@ -73,7 +130,9 @@ def train(method: str, seed: int, epochs: int, out: Path) -> ClassifierModule:
         default_root_dir=out,
     )
     trainer.fit(module, datamodule=MNISTDataModule(batch_size=64, seed=0))
-    return module
+    if method.startswith("score-guided"):
+        return module, applied_p(guided.history, epochs, held=held)
+    return module, [] if p is None else [p] * epochs
 
 
 def evaluate(module: ClassifierModule) -> dict[str, Any]:
@@ -91,6 +150,7 @@ def evaluate(module: ClassifierModule) -> dict[str, Any]:
         "v_robust": float(result.v_robust),
         "v_fitness": float(result.v_fitness),
         "d_score": float(result.d_score),
+        "score_p": float(result.augment_probability),  # clip(v_robust / g(n), 0, 1): the p this model calls for
     }
 
 
@@ -104,23 +164,73 @@ def mean_std(rows: list[dict[str, Any]], key: str) -> str:
     return f"{statistics.mean(values):.4f} ± {spread:.4f}"
 
 
+def fig7(results: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Fig. 7's table: D-Score against the padding's ``p``, the grid's best ``p``, and where the score's ``p`` lie."""
+    rows = sorted(
+        ((statistics.mean(r["p"] for r in runs), method, runs) for method, runs in results.items() if method != "RPR"),
+        key=lambda row: row[0],
+    )
+    grid_rows = [row for row in rows if row[1] == "none" or row[1].startswith("p = ")]
+    best_p, best_method, best_runs = max(grid_rows, key=lambda row: statistics.mean(r["d_score"] for r in row[2]))
+    lines = [
+        "| training | mean p padded with | v_robust ↓ | v_fitness ↑ | D-Score ↑ | clean accuracy |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for mean_p, method, runs in rows:
+        name = f"**{method}** (the grid's best)" if method == best_method else method
+        spread = statistics.stdev(r["p"] for r in runs) if len(runs) > 1 else 0.0
+        lines.append(
+            f"| {name} | {mean_p:.2f} ± {spread:.2f} | {mean_std(runs, 'v_robust')} | {mean_std(runs, 'v_fitness')} | "
+            f"{mean_std(runs, 'd_score')} | {mean_std(runs, 'clean_acc')} |"
+        )
+    best = statistics.mean(r["d_score"] for r in best_runs)
+    lines += ["", f"The grid's best D-Score is {best:.4f}, at p = {best_p:.2f}."]
+    for method in ("paper's p", "score-guided", "score-guided, held"):
+        if method in results:
+            runs = results[method]
+            score = statistics.mean(r["d_score"] for r in runs)
+            lines.append(
+                f"{method}: p {statistics.mean(r['p'] for r in runs):.2f} on average, D-Score {score:.4f} "
+                f"({score - best:+.4f} against the grid's best)."
+            )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=15)
+    parser.add_argument(
+        "--sweep",
+        type=float,
+        nargs="*",
+        default=None,
+        metavar="P",
+        help="Fig. 7: constant p to pad with (default 0.1 0.2 ... 1.0), and the paper's p",
+    )
     parser.add_argument("--out", type=Path, default=Path("dlguard-runs/dscore-table-vi"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    sweep = None if args.sweep is None else (args.sweep or [round(0.1 * i, 1) for i in range(1, 11)])
 
     results: dict[str, list[dict[str, Any]]] = {}
-    for method in ("none", "RPR", "score-guided"):
-        for seed in args.seeds:
-            row = evaluate(train(method, seed, args.epochs, args.out))
-            results.setdefault(method, []).append({"seed": seed, **row})
-            print(
-                f"{method:>12} seed {seed}: "
-                + ", ".join(f"{k} {v:.4f}" for k, v in row.items() if isinstance(v, float))
-            )
+
+    def run(method: str, seed: int, p: float | None = None) -> dict[str, Any]:
+        module, applied = train(method, seed, args.epochs, args.out, p)
+        row = evaluate(module)
+        results.setdefault(method, []).append({"seed": seed, "p": statistics.mean(applied or [0.0]), **row})
+        print(f"{method:>12} seed {seed}: " + ", ".join(f"{k} {v:.4f}" for k, v in row.items() if isinstance(v, float)))
+        return row
+
+    for seed in args.seeds:
+        unaugmented = run("none", seed)
+        run("RPR", seed)
+        run("score-guided", seed)
+        run("score-guided, held", seed)
+        if sweep is not None:
+            run("paper's p", seed, p=unaugmented["score_p"])  # the paper: p from the trained model, held
+            for p in sweep:
+                run(f"p = {p:.1f}", seed, p=p)
 
     lines = [
         f"mnist_a, embedded MNIST (4,000 train / 1,000 validation), {args.epochs} epochs, n = {N}, t = {T}, "
@@ -129,12 +239,20 @@ def main() -> None:
         "| training | a_i (%) | f̃_i (%) | v_robust ↓ | v_fitness ↑ | D-Score ↑ | clean accuracy |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for method, rows in results.items():
+    for method in ("none", "RPR", "score-guided", "score-guided, held"):
+        rows = results[method]
         first = rows[0]
         lines.append(
             f"| {method} | {grid(first['a_i'])} | {grid(first['f_i'])} | {mean_std(rows, 'v_robust')} | "
             f"{mean_std(rows, 'v_fitness')} | {mean_std(rows, 'd_score')} | {mean_std(rows, 'clean_acc')} |"
         )
+    if sweep is not None:
+        lines += [
+            "",
+            "Fig. 7: padding at a constant p (probability and ratio), same epochs and seeds.",
+            "",
+            *fig7(results),
+        ]
     table = "\n".join(lines)
     print("\n" + table)
     (args.out / "results.md").write_text(table + "\n")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Unpack
+from typing import Any, Literal, Unpack
 
 import lightning as L
 import torch
@@ -37,9 +37,19 @@ class DScoreCallback(ProbeCallback):
     measures its shard; counts are summed, so history, logs and figures hold the numbers of the
     whole probe set.
 
-    With ``guide=ScoreGuidedPadding()`` the guide's ``p`` follows ``clip(v_robust / g(n), 0, 1)`` of
-    the latest measurement and, from then on, pads every training batch (the guide protocol of
+    With ``guide=ScoreGuidedPadding()`` the guide's ``p`` is set to ``clip(v_robust / g(n), 0, 1)``
+    of a measurement and, from then on, pads every training batch (the guide protocol of
     :class:`~dlguard.callbacks.ProbeCallback`), so any LightningModule trains on them unchanged.
+    Which measurement, ``p_from`` says:
+
+    - ``"latest"``: every measurement in a fit sets ``p`` (SPEC §1: ``p`` follows the latest
+      ``v_robust``). As the padding works, ``v_robust`` falls and ``p`` with it, so the loop settles
+      where ``p`` equals what the padded model calls for, below what the unpadded model did.
+    - ``"unpadded"``: the paper's protocol, ``p`` from a model trained *without* the augmentation,
+      then held. Measurements set ``p`` until the guide has padded a batch; later ones are logged
+      but leave ``p`` alone (``start_epoch`` chooses how long the model trains unpadded first). On
+      the embedded MNIST this lands where a sweep of constant ``p`` peaks (the paper's Fig. 7; the
+      recipe ``recipes/dscore_guided_augmentation.py --sweep``).
 
     Logged metrics:
         ``dscore/d_score``, ``dscore/v_robust``, ``dscore/v_fitness``, ``dscore/baseline_acc``, and
@@ -52,6 +62,7 @@ class DScoreCallback(ProbeCallback):
         t: padding step divisor of the translation (``> 1``).
         probe_size: probe inputs in total (over all processes).
         guide: a :class:`~dlguard.augment.ScoreGuidedPadding` to drive, or ``None``.
+        p_from: which measurement sets the guide's ``p``: ``"latest"`` or ``"unpadded"`` (above).
         layers: conv layers to mutate (default every ``Conv2d``).
         num_classes: ``K``; default the width of the model's logits.
         max_batch: rows per forward pass (``None``: a memory budget, :func:`~dlguard.probes.default_max_batch`).
@@ -78,6 +89,7 @@ class DScoreCallback(ProbeCallback):
         t: int = 5,
         probe_size: int = 500,
         guide: ScoreGuidedPadding | None = None,
+        p_from: Literal["latest", "unpadded"] = "latest",
         layers: LayerSpec | None = None,
         num_classes: int | None = None,
         max_batch: int | None = None,
@@ -89,7 +101,10 @@ class DScoreCallback(ProbeCallback):
         optional_positive_int("num_classes", num_classes, minimum=2)
         if guide is not None and not isinstance(guide, ScoreGuidedPadding):
             raise ValueError(f"guide: expected a ScoreGuidedPadding or None, got {type(guide).__name__}")
+        if p_from not in ("latest", "unpadded"):
+            raise ValueError(f"p_from: expected 'latest' or 'unpadded', got {p_from!r}")
         super().__init__(**options)
+        self.p_from = p_from
         self.n, self.t, self.probe_size = n, t, probe_size
         self.guide, self.layers, self.num_classes, self.max_batch = guide, layers, num_classes, max_batch
 
@@ -143,7 +158,8 @@ class DScoreCallback(ProbeCallback):
         }
         logged = {f"dscore/{key}": record[key] for key in _LOGGED}
         if self.guide is not None and stage == "validation" and trainer.state.fn == "fit":
-            self.guide.p = record["augment_probability"]
+            if self.p_from == "latest" or not self._guided:  # "unpadded": held once a batch was padded
+                self.guide.p = record["augment_probability"]
             logged["dscore/guide_p"] = self.guide.p
         return record, logged
 

@@ -45,6 +45,30 @@ def test_fit_logs_dscore_and_drives_the_guide(tmp_path: Path) -> None:
     assert (tmp_path / "dscore" / "dscore_distributions.png").is_file()
 
 
+def test_unpadded_holds_the_p_of_the_last_measurement_before_the_guide_padded(tmp_path: Path) -> None:
+    """The paper's protocol: ``p`` from the model trained unpadded, held; ``latest`` follows every measurement."""
+    held = DScoreCallback(n=3, budget=None, probe_size=100, guide=ScoreGuidedPadding(), p_from="unpadded")
+    trainer = fit(tmp_path / "held", held, epochs=3)
+    measured = [record["augment_probability"] for record in held.history]
+    assert [record["epoch"] for record in held.history] == [0, 1, 2]
+    assert measured[0] != pytest.approx(measured[2], abs=1e-3)  # padding moved v_robust: holding is visible
+    assert held.guide is not None and held.guide.p == pytest.approx(measured[0])  # set at epoch 0, then held
+    assert float(trainer.callback_metrics["dscore/guide_p"]) == pytest.approx(measured[0])
+    assert held.state_dict()["guided"] == 16  # epochs 1 and 2 padded every batch at that p
+
+    latest = DScoreCallback(n=3, budget=None, probe_size=100, guide=ScoreGuidedPadding())
+    fit(tmp_path / "latest", latest, epochs=3)
+    assert latest.history[0]["augment_probability"] == pytest.approx(measured[0])  # the same first measurement
+    assert latest.guide is not None and latest.guide.p == pytest.approx(latest.history[-1]["augment_probability"])
+
+    later = DScoreCallback(
+        n=3, budget=None, probe_size=100, guide=ScoreGuidedPadding(), p_from="unpadded", start_epoch=1
+    )
+    fit(tmp_path / "later", later, epochs=3)
+    assert [record["epoch"] for record in later.history] == [1, 2]  # two unpadded epochs before the measurement
+    assert later.guide is not None and later.guide.p == pytest.approx(later.history[0]["augment_probability"])
+
+
 def test_probe_is_a_random_fixed_draw_across_classes(tmp_path: Path) -> None:
     callback = DScoreCallback(n=2, budget=None, probe_size=100)
     fit(tmp_path, callback)
@@ -139,6 +163,7 @@ def test_model_without_conv_fails_before_training(tmp_path: Path) -> None:
         ({"probe_size": 0}, "probe_size"),
         ({"every_n_epochs": 0}, "every_n_epochs"),
         ({"guide": nn.Identity()}, "guide: expected a ScoreGuidedPadding"),
+        ({"p_from": "first"}, "p_from: expected 'latest' or 'unpadded', got 'first'"),
     ],
 )
 def test_bad_arguments(kwargs: dict, message: str) -> None:

@@ -179,13 +179,13 @@ def _metrics(path: Path) -> dict[int, dict[str, float]]:
     return rows
 
 
-def _resumable_callbacks(tmp_path: Path, guided: bool = False) -> list[L.Callback]:
+def _resumable_callbacks(tmp_path: Path, guided: bool = False, p_from: str = "latest") -> list[L.Callback]:
     replay = FailureReplay(fraction=0.25, batch_keys=KEYS)
     common: dict = {"preprocess": normalize, "batch_keys": KEYS}
     if guided:  # measure at every validation, so that the guides change strength after the restart too
         common["budget"] = None
     return [
-        DScoreCallback(n=2, probe_size=60, guide=ScoreGuidedPadding() if guided else None, **common),
+        DScoreCallback(n=2, probe_size=60, guide=ScoreGuidedPadding() if guided else None, p_from=p_from, **common),
         RobustnessCallback(
             per_class=4,
             pairs=40,
@@ -200,22 +200,31 @@ def _resumable_callbacks(tmp_path: Path, guided: bool = False) -> list[L.Callbac
     ]
 
 
-@pytest.mark.parametrize("guided", [False, True], ids=["replay", "replay-and-guides"])
-def test_a_resumed_run_measures_what_an_uninterrupted_run_measures(tmp_path: Path, guided: bool) -> None:
+@pytest.mark.parametrize(
+    ("guided", "p_from"),
+    [(False, "latest"), (True, "latest"), (True, "unpadded")],
+    ids=["replay", "replay-and-guides", "guides-with-held-p"],
+)
+def test_a_resumed_run_measures_what_an_uninterrupted_run_measures(tmp_path: Path, guided: bool, p_from: str) -> None:
     """Lightning checkpoints no global RNG: the guides' draws (kornia's padding, the properties' noise) must
-    come from the callbacks' own generators, in their checkpoints, or the resumed run trains on other images."""
-    whole_callbacks = _resumable_callbacks(tmp_path / "whole", guided)
+    come from the callbacks' own generators, in their checkpoints, or the resumed run trains on other images.
+    A ``p`` held since epoch 0 (``p_from="unpadded"``) stays held after the restart."""
+    whole_callbacks = _resumable_callbacks(tmp_path / "whole", guided, p_from)
     whole = quick_trainer(tmp_path / "whole", whole_callbacks, epochs=3, val_batches=3)
     whole.fit(NormalizedDigits(), datamodule=DigitDicts())
     first_epoch = next((tmp_path / "whole" / "checkpoints").glob("epoch=0*.ckpt"))
-    resumed_callbacks = _resumable_callbacks(tmp_path / "resumed", guided)
+    resumed_callbacks = _resumable_callbacks(tmp_path / "resumed", guided, p_from)
     resumed = quick_trainer(tmp_path / "resumed", resumed_callbacks, epochs=3, val_batches=3)
     resumed.fit(NormalizedDigits(), datamodule=DigitDicts(), ckpt_path=first_epoch)
     expected, got = _metrics(tmp_path / "whole" / "metrics.csv"), _metrics(tmp_path / "resumed" / "metrics.csv")
     assert resumed_callbacks[3].replayed > 0  # failures found at epoch 0 were replayed after the restart
     if guided:  # both guides augmented the 4 batches of epochs 1 and 2, at strengths the restart changed
         assert [c._guided for c in resumed_callbacks[:2]] == [c._guided for c in whole_callbacks[:2]] == [8, 8]
-        assert got[1]["dscore/guide_p"] != got[2]["dscore/guide_p"]
+        if p_from == "latest":
+            assert got[1]["dscore/guide_p"] != got[2]["dscore/guide_p"]
+        else:  # held at epoch 0's p, which the checkpoint carries (epoch 0's row is not in the resumed log)
+            assert got[1]["dscore/guide_p"] == got[2]["dscore/guide_p"] == expected[0]["dscore/guide_p"]
+            assert got[2]["dscore/d_score"] != expected[0]["dscore/d_score"]  # measured afresh, only p held
     assert sorted(got) == [1, 2] and expected[1].keys() == got[1].keys()
     for epoch in (1, 2):
         assert got[epoch] == expected[epoch], epoch
