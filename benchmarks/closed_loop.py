@@ -787,6 +787,8 @@ def fit(
     record = {"seconds": seconds, "warnings": said}
     if isinstance(arm.callbacks[0] if arm.callbacks else None, Underneath):  # make_arm put it under the arm
         record["on"] = ON[0]
+    if arm_name == "dlguard" and COMBINED:  # a subset of the loops: the tables name it
+        record["combine"] = list(COMBINED)
     if arm.dose is not None:
         record["dose"] = arm.dose.record()
         doses[arm_name] = record["dose"]
@@ -833,9 +835,20 @@ def summarise(results: dict[str, list[dict]]) -> list[str]:
 
 
 def _label(arm: str, runs: list[dict]) -> str:
-    """The arm's name, with the standard augmentation it trained on top of (``--on``), if any."""
+    """The arm's name, with the loops it combined (``--combine``) and the augmentation under it (``--on``).
+
+    ``dlguard (metamorphic+hda) on noise``; :func:`merge` keys such runs by it, so that one file's
+    ``dlguard`` and another's stay apart. A name that already holds a space is a label already.
+    """
+    if " " in arm:
+        return arm
+    combined = {"+".join(run["combine"]) for run in runs if "combine" in run}
     under = {run["on"] for run in runs if "on" in run}
-    return f"{arm} on {'/'.join(sorted(under))}" if under else arm
+    return (
+        arm
+        + (f" ({'/'.join(sorted(combined))})" if combined else "")
+        + (f" on {'/'.join(sorted(under))}" if under else "")
+    )
 
 
 OWN_MEASURE = {
@@ -863,16 +876,17 @@ def comparisons(results: dict[str, list[dict]]) -> list[tuple[str, str, list[tup
     if results.get("hda") and results.get("plain"):  # HDA fine-tuning's promise (papers/002): robustness over plain
         pairs.append(("hda", "plain", [("pgd", 1)]))
     standard = [arm for arm in STANDARD if results.get(arm)]
-    if results.get("dlguard") and standard:
-        best = max(standard, key=lambda arm: mean(r["mCA"] for r in results[arm]))
-        pairs.append(("dlguard", best, [("mCA", 1), ("pgd", 1)]))
-        under = {run["on"] for run in results["dlguard"] if "on" in run}
+    best = max(standard, key=lambda arm: mean(r["mCA"] for r in results[arm])) if standard else None
+    for together in [arm for arm in results if arm.split(" ")[0] == "dlguard" and results[arm]]:
+        if best:
+            pairs.append((together, best, [("mCA", 1), ("pgd", 1)]))
+        under = {run["on"] for run in results[together] if "on" in run}
         if len(under) == 1 and (on := under.pop()) != best and results.get(on):  # what the loops add to it
-            pairs.append(("dlguard", on, [("mCA", 1), ("pgd", 1)]))
-    if results.get("dlguard") and results.get("plain"):
-        pairs.append(("dlguard", "plain", [("clean", 1), ("pgd", 1)]))
-    if results.get("dlguard") and results.get("oracle"):  # how much of what there was to gain
-        pairs.append(("dlguard", "oracle", [("mCA", 1)]))
+            pairs.append((together, on, [("mCA", 1), ("pgd", 1)]))
+        if results.get("plain"):
+            pairs.append((together, "plain", [("clean", 1), ("pgd", 1)]))
+        if results.get("oracle"):  # how much of what there was to gain
+            pairs.append((together, "oracle", [("mCA", 1)]))
     return pairs
 
 
@@ -886,14 +900,18 @@ def _same_seeds(runs: list[dict], references: list[dict], measure: str) -> list[
     return [(a, b) for a, b in pairs if measure in a and measure in b]
 
 
-def paired(results: dict[str, list[dict]]) -> list[str]:
+def paired(results: dict[str, list[dict]], extra: list[tuple[str, str]] = ()) -> list[str]:
     """Seed-by-seed differences: mean ± standard error over the seeds both arms ran, and the seeds won.
 
     Runs are paired by their ``seed``; files written before runs recorded it pair the i-th runs (``main``
-    runs every arm of a seed before the next seed).
+    runs every arm of a seed before the next seed). ``extra`` pairs ``(arm, reference)`` (``--pair``) follow
+    :func:`comparisons`' on clean accuracy, mCA and PGD.
     """
+    for arm in {name for pair in extra for name in pair} - set(results):
+        raise SystemExit(f"--pair: no arm {arm!r} in the results; they hold {list(results)}")
+    chosen = [*comparisons(results), *((a, b, [("clean", 1), ("mCA", 1), ("pgd", 1)]) for a, b in extra)]
     lines = ["| arm − reference | measure | mean difference ± s.e. | seeds better |", "|---|---|---|---|"]
-    for arm, reference, measures in comparisons(results):
+    for arm, reference, measures in chosen:
         for measure, direction in measures:
             diffs = [a[measure] - b[measure] for a, b in _same_seeds(results[arm], results[reference], measure)]
             if not diffs:
@@ -907,6 +925,11 @@ def paired(results: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
+def _judged(run: dict) -> dict:
+    """A run's figures without its wall time (and the warnings that name it): what a rerun repeats."""
+    return {key: value for key, value in run.items() if key not in ("seconds", "warnings")}
+
+
 def merge(files: list[dict[str, list[dict]]]) -> dict[str, list[dict]]:
     """One ``{arm: [runs]}`` of several files (one process per seed or per arm).
 
@@ -914,18 +937,28 @@ def merge(files: list[dict[str, list[dict]]]) -> dict[str, list[dict]]:
         files: the files' contents, each ``{arm: [runs]}`` as ``--out`` writes it.
 
     Returns:
-        Every arm's runs, arms in ``ARMS`` order, runs sorted by ``seed``. A seed that an arm ran in two
-        files is refused; runs without a ``seed`` (files written before runs recorded it) keep their order,
-        and the same such file merged twice is not noticed.
+        Every arm's runs, arms in ``ARMS`` order, runs sorted by ``seed``. An arm trained on top of a standard
+        augmentation (``--on``) or combining some loops (``--combine``) is its own arm, keyed by its label,
+        ``"dlguard (metamorphic+hda) on noise"``, beside ``"dlguard"`` of another file.
+        A seed that an arm ran in two files is kept once when the two runs judged alike (every figure but the
+        fit time: a rerun of the same deterministic run) and refused otherwise; runs without a ``seed`` (files
+        written before runs recorded it) keep their order, and the same such file merged twice is not noticed.
     """
     merged: dict[str, list[dict]] = {}
     for results in files:
         for arm, runs in results.items():
-            merged.setdefault(arm, []).extend(runs)
-    for arm, runs in merged.items():
+            key = _label(arm, runs)
+            kept = merged.setdefault(key, [])
+            for run in runs:
+                twin = next((k for k in kept if "seed" in run and k.get("seed") == run["seed"]), None)
+                if twin is None:
+                    kept.append(run)
+                elif _judged(twin) != _judged(run):
+                    raise SystemExit(
+                        f"--results: arm {key} ran seed {run['seed']} in more than one file, judged otherwise"
+                    )
+    for runs in merged.values():
         seeds = [run["seed"] for run in runs if "seed" in run]
-        if len(set(seeds)) < len(seeds):
-            raise SystemExit(f"--results: arm {arm} ran seed {max(seeds, key=seeds.count)} in more than one file")
         if len(seeds) == len(runs):
             runs.sort(key=lambda run: run["seed"])
     order = {arm: index for index, arm in enumerate(ARMS)}
@@ -958,6 +991,10 @@ def main() -> None:
         "--results", type=Path, nargs="+", default=None,
         help="print the tables of JSON files --out wrote (several: merged, and written to --out if given)",
     )  # fmt: skip
+    parser.add_argument(
+        "--pair", nargs=2, action="append", default=[], metavar=("ARM", "REFERENCE"),
+        help="with --results: pair these two arms seed by seed too, named as in the tables: 'dlguard (hda) on noise'",
+    )  # fmt: skip
     for name in OPTIONS:
         parser.add_argument(f"--{name}", nargs="*", default=None, metavar="KEY=VALUE", help=f"{name}'s arguments")
     args = parser.parse_args()
@@ -965,7 +1002,7 @@ def main() -> None:
         results = merge([json.loads(path.read_text()) for path in args.results])
         if args.out:
             args.out.write_text(json.dumps(results, indent=1))
-        print("\n".join([*summarise(results), "", *paired(results)]))
+        print("\n".join([*summarise(results), "", *paired(results, [tuple(pair) for pair in args.pair])]))
         return
     COMBINED[:] = args.combine
     SPREAD[:] = [args.spread]

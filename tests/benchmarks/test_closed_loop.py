@@ -384,6 +384,46 @@ def test_results_of_several_processes_merge_into_one_file_by_arm_and_seed() -> N
         cl.merge([first, {"plain": [{"seed": 2, "mCA": 0.7}]}])
 
 
+def test_files_of_other_runs_merge_with_their_dlguard_arms_apart_and_pair_on_request() -> None:
+    """The README's pairs across files: the loops on noise against the same loops without it."""
+    every_loop = {
+        "plain": [{"seed": 0, "seconds": 1.0, "clean": 0.90, "mCA": 0.80, "pgd": 0.50}],
+        "augmix": [{"seed": 0, "seconds": 8.0, "clean": 0.91, "mCA": 0.84, "pgd": 0.52}],
+        "noise": [{"seed": 0, "seconds": 1.0, "clean": 0.92, "mCA": 0.85, "pgd": 0.60}],
+        "dlguard": [{"seed": 0, "seconds": 2.0, "clean": 0.88, "mCA": 0.83, "pgd": 0.45}],
+    }
+    two_loops = {  # plain rerun in another process: the same figures, another wall time
+        "plain": [{"seed": 0, "seconds": 1.5, "clean": 0.90, "mCA": 0.80, "pgd": 0.50}],
+        "dlguard": [
+            {"seed": 0, "seconds": 1.5, "clean": 0.91, "mCA": 0.87, "pgd": 0.55, "combine": ["metamorphic", "hda"]}
+        ],
+    }
+    both = {"combine": ["metamorphic", "hda"]}
+    on_noise = {
+        "dlguard": [{"seed": 0, "seconds": 1.7, "clean": 0.93, "mCA": 0.88, "pgd": 0.61, **both, "on": "noise"}]
+    }
+    merged = cl.merge([every_loop, two_loops, on_noise])
+    assert list(merged) == [
+        "plain", "augmix", "noise", "dlguard", "dlguard (metamorphic+hda)", "dlguard (metamorphic+hda) on noise"
+    ]  # fmt: skip
+    assert merged["plain"] == every_loop["plain"]  # the rerun, judged alike, kept once
+    with pytest.raises(SystemExit, match="arm plain ran seed 0 in more than one file, judged otherwise"):
+        cl.merge([every_loop, {"plain": [{**every_loop["plain"][0], "mCA": 0.81}]}])
+    rows = cl.paired(merged, [("dlguard (metamorphic+hda) on noise", "dlguard (metamorphic+hda)")])[2:]
+    # the loops alone and on noise each meet the best standard augmentation (noise), plain; then the pair asked for
+    assert rows[-5:] == [
+        "| dlguard (metamorphic+hda) on noise − plain | clean | +0.030 ± nan | 1 of 1 |",
+        "| dlguard (metamorphic+hda) on noise − plain | pgd | +0.110 ± nan | 1 of 1 |",
+        "| dlguard (metamorphic+hda) on noise − dlguard (metamorphic+hda) | clean | +0.020 ± nan | 1 of 1 |",
+        "| dlguard (metamorphic+hda) on noise − dlguard (metamorphic+hda) | mCA | +0.010 ± nan | 1 of 1 |",
+        "| dlguard (metamorphic+hda) on noise − dlguard (metamorphic+hda) | pgd | +0.060 ± nan | 1 of 1 |",
+    ]
+    assert "| dlguard (metamorphic+hda) − noise | mCA | +0.020 ± nan | 1 of 1 |" in rows
+    assert "| dlguard (metamorphic+hda) on noise − noise | mCA | +0.030 ± nan | 1 of 1 |" in rows
+    with pytest.raises(SystemExit, match="--pair: no arm 'dlguard on noise' in the results"):
+        cl.paired(merged, [("dlguard on noise", "noise")])
+
+
 def test_the_tables_of_a_file_still_being_written_show_the_arms_that_ran() -> None:
     run = {"seed": 0, "seconds": 2.0, "clean": 0.5, "mCA": 0.25, "warnings": []}
     lines = cl.summarise({"plain": [run], "robustness": [{**run, "seconds": 3.0}], "robustness-open": []})
