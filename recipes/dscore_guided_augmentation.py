@@ -15,11 +15,12 @@ Run from the repository root::
 ``--sweep`` adds the paper's Fig. 7: padding at a constant ``p`` (``ScoreGuidedPadding(p)``, the
 same ``p`` as probability and ratio) over a grid of ``p``, and the paper's own procedure, ``p =
 clip(v_robust / g(n), 0, 1)`` measured on the model trained 15 epochs without augmentation and
-held for a second training from scratch (``paper's p``). Fig. 7 claims that ``p`` lands where
-D-Score turns from rising to falling; the table names the grid's best ``p`` and where the
-paper's and the callback's lie::
+held for a second training from scratch (``paper's p``), and the callback holding the ``p`` of
+its first measurement, after one epoch (``score-guided, held at once``). Fig. 7 claims that the
+paper's ``p`` lands where D-Score turns from rising to falling; the table names the grid's best
+``p`` and where the paper's and the callback's lie, each by the mean ``p`` of the epochs it padded::
 
-    python recipes/dscore_guided_augmentation.py --sweep          # + 11 methods x 3 seeds (~20 min more)
+    python recipes/dscore_guided_augmentation.py --sweep          # + 12 methods x 3 seeds (~20 min more)
 
 Writes ``results.json`` and ``results.md`` into ``--out`` (default ``dlguard-runs/dscore-table-vi``).
 """
@@ -45,7 +46,11 @@ from dlguard.metrics import DScore
 from dlguard.zoo import ClassifierModule, mnist_a
 
 N, T = 3, 5
-HOLD_FROM = 4  # "score-guided, held": the first measurement after 5 of the 15 epochs unpadded
+LOOPS = {  # the callback's ways to set p: (p_from, start_epoch)
+    "score-guided": ("latest", 0),  # the default: p from every epoch's measurement
+    "score-guided, held": ("unpadded", 4),  # the paper's protocol in one fit: 5 of 15 epochs unpadded, then held
+    "score-guided, held at once": ("unpadded", 0),  # held from the first epoch's model (--sweep only)
+}
 
 
 class RandomPaddingResize(Callback):
@@ -98,22 +103,23 @@ def applied_p(history: list[dict[str, Any]], epochs: int, held: bool = False) ->
 def train(
     method: str, seed: int, epochs: int, out: Path, p: float | None = None
 ) -> tuple[ClassifierModule, list[float]]:
-    """The trained module and the ``p`` each epoch padded with (RPR: none; the loop: 0 until its first measurement)."""
+    """The trained module and the ``p`` each epoch padded with (none and RPR: 0; a loop: 0 until it measured)."""
     L.seed_everything(seed, workers=True, verbose=False)
     callbacks: list[Callback] = []
     if method == "RPR":
         callbacks.append(RandomPaddingResize())
-    held = method == "score-guided, held"  # the paper's protocol in one fit: p from the unpadded model, held
-    guided = DScoreCallback(
-        n=N,
-        t=T,
-        probe_size=500,
-        guide=ScoreGuidedPadding(),
-        p_from="unpadded" if held else "latest",
-        start_epoch=min(HOLD_FROM, epochs - 1) if held else 0,
-        seed=seed,
-    )
-    if method.startswith("score-guided"):  # the callback: p from each epoch's measurement, or held
+    guided = None
+    if method in LOOPS:
+        p_from, start_epoch = LOOPS[method]
+        guided = DScoreCallback(
+            n=N,
+            t=T,
+            probe_size=500,
+            guide=ScoreGuidedPadding(),
+            p_from=p_from,
+            start_epoch=min(start_epoch, epochs - 1),
+            seed=seed,
+        )
         callbacks.append(guided)
     if p is not None:
         callbacks.append(ConstantPadding(p))
@@ -130,9 +136,9 @@ def train(
         default_root_dir=out,
     )
     trainer.fit(module, datamodule=MNISTDataModule(batch_size=64, seed=0))
-    if method.startswith("score-guided"):
-        return module, applied_p(guided.history, epochs, held=held)
-    return module, [] if p is None else [p] * epochs
+    if guided is not None:
+        return module, applied_p(guided.history, epochs, held=guided.p_from == "unpadded")
+    return module, [0.0] * epochs if p is None else [p] * epochs
 
 
 def evaluate(module: ClassifierModule) -> dict[str, Any]:
@@ -164,34 +170,41 @@ def mean_std(rows: list[dict[str, Any]], key: str) -> str:
     return f"{statistics.mean(values):.4f} ± {spread:.4f}"
 
 
+def _padding(runs: list[dict[str, Any]]) -> tuple[float, float]:
+    """Mean ``p`` over the epochs that padded, and how many epochs did, averaged over the runs."""
+    while_padding = [statistics.mean([q for q in r["p_per_epoch"] if q > 0] or [0.0]) for r in runs]
+    epochs = [sum(q > 0 for q in r["p_per_epoch"]) for r in runs]
+    return statistics.mean(while_padding), statistics.mean(epochs)
+
+
 def fig7(results: dict[str, list[dict[str, Any]]]) -> list[str]:
     """Fig. 7's table: D-Score against the padding's ``p``, the grid's best ``p``, and where the score's ``p`` lie."""
     rows = sorted(
-        ((statistics.mean(r["p"] for r in runs), method, runs) for method, runs in results.items() if method != "RPR"),
+        ((*_padding(runs), method, runs) for method, runs in results.items() if method != "RPR"),
         key=lambda row: row[0],
     )
-    grid_rows = [row for row in rows if row[1] == "none" or row[1].startswith("p = ")]
-    best_p, best_method, best_runs = max(grid_rows, key=lambda row: statistics.mean(r["d_score"] for r in row[2]))
+    grid_rows = [row for row in rows if row[2] == "none" or row[2].startswith("p = ")]
+    best_p, _, best_method, best_runs = max(grid_rows, key=lambda row: statistics.mean(r["d_score"] for r in row[3]))
     lines = [
-        "| training | mean p padded with | v_robust ↓ | v_fitness ↑ | D-Score ↑ | clean accuracy |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| training | p while padding | epochs padded | v_robust ↓ | v_fitness ↑ | D-Score ↑ | clean accuracy |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for mean_p, method, runs in rows:
+    for p, epochs, method, runs in rows:
         name = f"**{method}** (the grid's best)" if method == best_method else method
-        spread = statistics.stdev(r["p"] for r in runs) if len(runs) > 1 else 0.0
         lines.append(
-            f"| {name} | {mean_p:.2f} ± {spread:.2f} | {mean_std(runs, 'v_robust')} | {mean_std(runs, 'v_fitness')} | "
+            f"| {name} | {p:.2f} | {epochs:.0f} | {mean_std(runs, 'v_robust')} | {mean_std(runs, 'v_fitness')} | "
             f"{mean_std(runs, 'd_score')} | {mean_std(runs, 'clean_acc')} |"
         )
     best = statistics.mean(r["d_score"] for r in best_runs)
     lines += ["", f"The grid's best D-Score is {best:.4f}, at p = {best_p:.2f}."]
-    for method in ("paper's p", "score-guided", "score-guided, held"):
+    for method in ("paper's p", *LOOPS):
         if method in results:
             runs = results[method]
-            score = statistics.mean(r["d_score"] for r in runs)
+            score, (p, epochs) = statistics.mean(r["d_score"] for r in runs), _padding(runs)
+            per_seed = ", ".join(f"{_padding([r])[0]:.2f}" for r in runs)
             lines.append(
-                f"{method}: p {statistics.mean(r['p'] for r in runs):.2f} on average, D-Score {score:.4f} "
-                f"({score - best:+.4f} against the grid's best)."
+                f"{method}: p {p:.2f} while padding ({per_seed} over the seeds; {epochs:.0f} epochs padded), "
+                f"D-Score {score:.4f} ({score - best:+.4f} against the grid's best)."
             )
     return lines
 
@@ -218,7 +231,7 @@ def main() -> None:
     def run(method: str, seed: int, p: float | None = None) -> dict[str, Any]:
         module, applied = train(method, seed, args.epochs, args.out, p)
         row = evaluate(module)
-        results.setdefault(method, []).append({"seed": seed, "p": statistics.mean(applied or [0.0]), **row})
+        results.setdefault(method, []).append({"seed": seed, "p_per_epoch": applied, **row})
         print(f"{method:>12} seed {seed}: " + ", ".join(f"{k} {v:.4f}" for k, v in row.items() if isinstance(v, float)))
         return row
 
@@ -228,9 +241,10 @@ def main() -> None:
         run("score-guided", seed)
         run("score-guided, held", seed)
         if sweep is not None:
+            run("score-guided, held at once", seed)
             run("paper's p", seed, p=unaugmented["score_p"])  # the paper: p from the trained model, held
             for p in sweep:
-                run(f"p = {p:.1f}", seed, p=p)
+                run(f"p = {p:g}", seed, p=p)
 
     lines = [
         f"mnist_a, embedded MNIST (4,000 train / 1,000 validation), {args.epochs} epochs, n = {N}, t = {T}, "

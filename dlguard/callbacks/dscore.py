@@ -49,7 +49,11 @@ class DScoreCallback(ProbeCallback):
       then held. Measurements set ``p`` until the guide has padded a batch; later ones are logged
       but leave ``p`` alone (``start_epoch`` chooses how long the model trains unpadded first). On
       the embedded MNIST this lands where a sweep of constant ``p`` peaks (the paper's Fig. 7; the
-      recipe ``recipes/dscore_guided_augmentation.py --sweep``).
+      recipe ``recipes/dscore_guided_augmentation.py --sweep``). The held ``p`` stays for the
+      callback's life (its checkpoint carries it): give a new model a new callback.
+
+    Either way nothing is padded before a fit's validation has measured: not at the guide's initial
+    ``p``, nor after a ``trainer.validate`` before the fit (whose measurement does not set ``p``).
 
     Logged metrics:
         ``dscore/d_score``, ``dscore/v_robust``, ``dscore/v_fitness``, ``dscore/baseline_acc``, and
@@ -103,8 +107,11 @@ class DScoreCallback(ProbeCallback):
             raise ValueError(f"guide: expected a ScoreGuidedPadding or None, got {type(guide).__name__}")
         if p_from not in ("latest", "unpadded"):
             raise ValueError(f"p_from: expected 'latest' or 'unpadded', got {p_from!r}")
+        if p_from != "latest" and guide is None:
+            raise ValueError(f"p_from={p_from!r} sets a guide's p: pass guide=ScoreGuidedPadding()")
         super().__init__(**options)
         self.p_from = p_from
+        self._p_set = False  # a fit's measurement has set the guide's p (its initial p is not a measurement)
         self.n, self.t, self.probe_size = n, t, probe_size
         self.guide, self.layers, self.num_classes, self.max_batch = guide, layers, num_classes, max_batch
 
@@ -123,8 +130,8 @@ class DScoreCallback(ProbeCallback):
     def _check_model(self, pl_module: nn.Module) -> None:
         dscore_layers(pl_module, self.layers)  # a model without the layers D-Score mutates fails here
 
-    def _guide_ready(self) -> bool:
-        return self.guide is not None and bool(self.history) and self.guide.p > 0
+    def _guide_ready(self) -> bool:  # a fit's measurement set p: not the guide's initial p, nor a validate()'s
+        return self.guide is not None and self._p_set and self.guide.p > 0
 
     def _measure(
         self, trainer: L.Trainer, pl_module: L.LightningModule, probe: ProbeSet | None, stage: str
@@ -160,6 +167,7 @@ class DScoreCallback(ProbeCallback):
         if self.guide is not None and stage == "validation" and trainer.state.fn == "fit":
             if self.p_from == "latest" or not self._guided:  # "unpadded": held once a batch was padded
                 self.guide.p = record["augment_probability"]
+                self._p_set = True
             logged["dscore/guide_p"] = self.guide.p
         return record, logged
 
@@ -175,8 +183,10 @@ class DScoreCallback(ProbeCallback):
     # ---- checkpointing ----------------------------------------------------------------------
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"guide_p": None if self.guide is None else self.guide.p}
+        return {"guide_p": None if self.guide is None else self.guide.p, "guide_p_set": self._p_set}
 
     def _load_extra_state(self, state: Mapping[str, Any]) -> None:
         if self.guide is not None and state.get("guide_p") is not None:
             self.guide.p = float(state["guide_p"])
+        fit_measured = any(record.get("fn") == "fit" and record.get("stage") == "validation" for record in self.history)
+        self._p_set = bool(state.get("guide_p_set", fit_measured))  # older checkpoints: a fit measured

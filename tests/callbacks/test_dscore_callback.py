@@ -66,7 +66,25 @@ def test_unpadded_holds_the_p_of_the_last_measurement_before_the_guide_padded(tm
     )
     fit(tmp_path / "later", later, epochs=3)
     assert [record["epoch"] for record in later.history] == [1, 2]  # two unpadded epochs before the measurement
+    assert later.history[1]["augment_probability"] != pytest.approx(later.history[0]["augment_probability"], abs=1e-3)
     assert later.guide is not None and later.guide.p == pytest.approx(later.history[0]["augment_probability"])
+
+
+@pytest.mark.parametrize("p_from", ["latest", "unpadded"])
+def test_a_validate_before_fit_sets_no_p_and_pads_nothing(tmp_path: Path, p_from: str) -> None:
+    """A baseline ``trainer.validate`` measures, but the guide waits for the fit's first measurement: it
+    neither pads at its initial ``p`` nor, holding, keeps that ``p`` for good."""
+    callback = DScoreCallback(n=3, budget=None, probe_size=100, guide=ScoreGuidedPadding(p=0.5), p_from=p_from)
+    trainer = quick_trainer(tmp_path, [callback], epochs=2, train_batches=8, val_batches=4)
+    module, data = ClassifierModule(pretrained("mnist_a").train()), MNISTDataModule(batch_size=64)
+    trainer.validate(module, datamodule=data)
+    assert [record["fn"] for record in callback.history] == ["validate"] and callback.guide.p == 0.5
+    trainer.fit(module, datamodule=data)
+    fitted = [record for record in callback.history if record["fn"] == "fit"]
+    assert [record["epoch"] for record in fitted] == [0, 1]
+    assert callback.state_dict()["guided"] == 8  # epoch 1's batches only: nothing padded before epoch 0 measured
+    set_by = fitted[0] if p_from == "unpadded" else fitted[-1]
+    assert callback.guide.p == pytest.approx(set_by["augment_probability"]) != 0.5
 
 
 def test_probe_is_a_random_fixed_draw_across_classes(tmp_path: Path) -> None:
@@ -103,6 +121,9 @@ def test_guided_training_batch_is_replaced_in_place() -> None:
     assert torch.equal(images, torch.ones(4, 1, 16, 16))  # nothing measured yet: untouched
     callback.history.append({"augment_probability": 1.0})
     callback.on_train_batch_start(None, None, batch, 0)
+    assert torch.equal(images, torch.ones(4, 1, 16, 16))  # not a fit's measurement (a validate()'s): untouched
+    callback._p_set = True  # as a fit's measurement does
+    callback.on_train_batch_start(None, None, batch, 0)
     assert batch[0] is images and images.mean() < 0.5  # padded by (1 + p) = 2: a quarter stays bright
 
 
@@ -112,6 +133,7 @@ def test_the_guide_draws_from_the_callback_s_own_generator_in_its_checkpoint() -
 
     def guided(callback: DScoreCallback, batches: int) -> list[torch.Tensor]:
         callback.history.append({"augment_probability": 0.5})
+        callback._p_set = True  # as a fit's measurement does
         padded = []
         for step in range(batches):
             batch = [torch.rand(6, 1, 12, 12, generator=torch.Generator().manual_seed(step)), torch.zeros(6).long()]
@@ -164,6 +186,7 @@ def test_model_without_conv_fails_before_training(tmp_path: Path) -> None:
         ({"every_n_epochs": 0}, "every_n_epochs"),
         ({"guide": nn.Identity()}, "guide: expected a ScoreGuidedPadding"),
         ({"p_from": "first"}, "p_from: expected 'latest' or 'unpadded', got 'first'"),
+        ({"p_from": "unpadded"}, "p_from='unpadded' sets a guide's p: pass guide=ScoreGuidedPadding()"),
     ],
 )
 def test_bad_arguments(kwargs: dict, message: str) -> None:
