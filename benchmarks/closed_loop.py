@@ -107,7 +107,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean, stdev
@@ -900,7 +900,7 @@ def _same_seeds(runs: list[dict], references: list[dict], measure: str) -> list[
     return [(a, b) for a, b in pairs if measure in a and measure in b]
 
 
-def paired(results: dict[str, list[dict]], extra: list[tuple[str, str]] = ()) -> list[str]:
+def paired(results: dict[str, list[dict]], extra: Sequence[tuple[str, str]] = ()) -> list[str]:
     """Seed-by-seed differences: mean ± standard error over the seeds both arms ran, and the seeds won.
 
     Runs are paired by their ``seed``; files written before runs recorded it pair the i-th runs (``main``

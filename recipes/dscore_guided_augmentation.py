@@ -84,19 +84,18 @@ class ConstantPadding(Callback):
             batch[0].copy_(self.pad(batch[0]))
 
 
-def applied_p(history: list[dict[str, Any]], epochs: int, held: bool = False) -> list[float]:
-    """The ``p`` the callback's guide padded each epoch with: 0 until a validation measured, then its ``p``.
+def applied_p(history: list[dict[str, Any]], epochs: int) -> list[float]:
+    """The ``p`` the callback's guide padded each epoch with: 0 until a fit's validation set it, then that ``p``.
 
-    Epoch ``e`` pads with the ``augment_probability`` of the last validation measurement of an
-    epoch before ``e`` (the callback sets the guide's ``p`` at the end of each validation); with
-    ``held`` (``p_from="unpadded"``) only measurements before the first padded epoch set it.
+    Read from what the callback logged (``dscore/guide_p``, the guide's ``p`` after each fit
+    measurement, held or not), so epoch ``e`` pads with the ``p`` logged at the last validation
+    before it.
     """
-    measured = {r["epoch"]: r["augment_probability"] for r in history if r["stage"] == "validation"}
+    logged = {r["epoch"]: r["logged"]["dscore/guide_p"] for r in history if "dscore/guide_p" in r.get("logged", {})}
     applied, current = [], 0.0
     for epoch in range(epochs):
         applied.append(current)
-        if not (held and current > 0):
-            current = measured.get(epoch, current)
+        current = logged.get(epoch, current)
     return applied
 
 
@@ -137,7 +136,7 @@ def train(
     )
     trainer.fit(module, datamodule=MNISTDataModule(batch_size=64, seed=0))
     if guided is not None:
-        return module, applied_p(guided.history, epochs, held=guided.p_from == "unpadded")
+        return module, applied_p(guided.history, epochs)
     return module, [0.0] * epochs if p is None else [p] * epochs
 
 

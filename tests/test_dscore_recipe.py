@@ -19,16 +19,17 @@ recipe = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(recipe)  # a script beside the package, not part of it
 
 
-def test_the_loop_pads_nothing_until_its_first_measurement_then_each_measurements_p() -> None:
-    history = [
-        {"epoch": 0, "stage": "validation", "augment_probability": 0.5},
-        {"epoch": 1, "stage": "validation", "augment_probability": 0.3},
-        {"epoch": 2, "stage": "test", "augment_probability": 0.9},  # not a fit's validation: sets no p
-        {"epoch": 3, "stage": "validation", "augment_probability": 0.1},
-    ]
-    assert recipe.applied_p(history, epochs=6) == [0.0, 0.5, 0.3, 0.3, 0.1, 0.1]
-    assert recipe.applied_p(history, epochs=6, held=True) == [0.0, 0.5, 0.5, 0.5, 0.5, 0.5]  # p_from="unpadded"
-    assert recipe.applied_p([], epochs=3) == [0.0, 0.0, 0.0]
+def test_the_loop_pads_nothing_until_its_first_measurement_then_the_p_it_logged() -> None:
+    def record(epoch: int, stage: str, measured: float, logged: float | None) -> dict:
+        return {"epoch": epoch, "stage": stage, "augment_probability": measured,
+                "logged": {} if logged is None else {"dscore/guide_p": logged}}  # fmt: skip
+
+    latest = [record(0, "validation", 0.5, 0.5), record(1, "validation", 0.3, 0.3), record(3, "validation", 0.1, 0.1)]
+    assert recipe.applied_p(latest, epochs=6) == [0.0, 0.5, 0.3, 0.3, 0.1, 0.1]
+    held = [record(0, "validation", 0.5, 0.5), record(1, "validation", 0.3, 0.5), record(3, "validation", 0.1, 0.5)]
+    assert recipe.applied_p(held, epochs=6) == [0.0, 0.5, 0.5, 0.5, 0.5, 0.5]  # p_from="unpadded" logs the held p
+    tested = [record(2, "test", 0.9, None)]  # a test()'s measurement logs no guide_p: it set none
+    assert recipe.applied_p(tested, epochs=3) == [0.0, 0.0, 0.0]
 
 
 def test_constant_padding_pads_every_training_batch_in_place_at_its_p() -> None:
