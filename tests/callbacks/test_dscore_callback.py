@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import pytest
@@ -165,6 +166,29 @@ def test_state_round_trip() -> None:
     target.load_state_dict({})  # an old checkpoint without this callback's state
     assert target.history == []
     assert DScoreCallback(n=3).state_key != DScoreCallback(n=4).state_key
+
+
+@pytest.mark.parametrize(
+    ("records", "ready"),
+    [
+        ([{"fn": "fit", "stage": "validation", "augment_probability": 0.37}], True),
+        ([{"fn": "validate", "stage": "validation", "augment_probability": 0.37}], False),
+        ([], False),
+    ],
+    ids=["a-fit-measured", "only-a-validate", "nothing-measured"],
+)
+def test_checkpoint_written_before_guide_p_set_pads_only_after_a_fit_measurement(
+    records: list[dict[str, Any]], ready: bool
+) -> None:
+    source = DScoreCallback(n=3, guide=ScoreGuidedPadding(p=0.37))
+    source.history.extend(records)
+    old = {key: value for key, value in source.state_dict().items() if key != "guide_p_set"}  # as written before it
+    target = DScoreCallback(n=3, guide=ScoreGuidedPadding(p=0.1))
+    target.load_state_dict(old)
+    assert target.guide.p == 0.37 and target._guide_ready() is ready
+    batch = [torch.ones(4, 1, 12, 12), torch.zeros(4).long()]
+    target.on_train_batch_start(None, None, batch, 0)
+    assert target.state_dict()["guided"] == int(ready)  # pads only where a fit had measured
 
 
 def test_model_without_conv_fails_before_training(tmp_path: Path) -> None:
