@@ -92,7 +92,7 @@ class MetamorphicCallback(ProbeCallback):
     inputs about one validation in four; to feed back, give it the budget to measure every epoch
     (``budget=None``: on ``mnist_a`` the loop then leaves a violation rate of 0.055, against 0.093 after
     random transformations at the same dose, and lifts corruption accuracy 3.7 points over plain training, at
-    about 2x its fit time; README, "Does feeding failures back pay?").
+    about 2x its fit time; docs/closed_loop.md, "Measuring every epoch").
 
     With a ``guide`` (classification), each measurement also tells which transformations fail for which
     class: the guide, an :class:`~dlguard.augment.ErrorGuidedAugmentation` over the same properties,
@@ -103,8 +103,8 @@ class MetamorphicCallback(ProbeCallback):
     default budget the guided loop leaves a violation rate of 0.050 ± 0.001, level with the same
     transformations at the same mean strength spread evenly over classes and properties (0.051 ±
     0.003), and the even spread is the better augmentation (corruption accuracy 0.932 against 0.909):
-    the measurement does not choose better than chance where to transform (README, "Does feeding
-    failures back pay?"). The model runs in
+    the measurement does not choose better than chance where to transform (docs/closed_loop.md,
+    "Violations as a guide"). The model runs in
     eval mode without gradients and is left exactly as found. See
     :class:`~dlguard.callbacks.ProbeCallback` for the schedule and the arguments every dlguard
     callback takes.

@@ -327,7 +327,7 @@ def test_the_paired_table_pairs_runs_by_seed_where_they_record_it() -> None:
 
 def test_a_loop_s_guide_transforms_the_batch_before_the_replay_puts_its_failures_in(setting: cl.Setting) -> None:
     # Lightning calls on_train_batch_start in the trainer's callback order: guide first, then FailureReplay,
-    # so replayed failures are not transformed again (README, "Why does the robustness loop lose...")
+    # so replayed failures are not transformed again (docs/closed_loop.md, "Why does the robustness loop lose...")
     arm = cl.loop_arm("dlguard", setting, 0)
     trainer = cl.L.Trainer(callbacks=arm.callbacks, logger=False, enable_checkpointing=False, enable_progress_bar=False)
     order = [type(c).__name__ for c in trainer.callbacks]
