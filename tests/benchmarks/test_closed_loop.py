@@ -385,7 +385,7 @@ def test_results_of_several_processes_merge_into_one_file_by_arm_and_seed() -> N
 
 
 def test_files_of_other_runs_merge_with_their_dlguard_arms_apart_and_pair_on_request() -> None:
-    """The README's pairs across files: the loops on noise against the same loops without it."""
+    """docs/closed_loop.md's pairs across files: the loops on noise against the same loops without it."""
     every_loop = {
         "plain": [{"seed": 0, "seconds": 1.0, "clean": 0.90, "mCA": 0.80, "pgd": 0.50}],
         "augmix": [{"seed": 0, "seconds": 8.0, "clean": 0.91, "mCA": 0.84, "pgd": 0.52}],
