@@ -24,7 +24,8 @@ each transformation, ``property`` each transformation's mean over the classes, t
 ``--properties`` names the property presets the robustness loop sweeps, its guide applies and its
 control draws from (default ``framework``, the trio; several: their union, a repeated name keeping
 the first preset's property).
-``--combine`` names the loops the
+Each run records the flags other than the defaults that changed it (``options``), and the tables
+name them beside the arm: ``metamorphic [--metamorphic budget=None]``. ``--combine`` names the loops the
 ``dlguard`` arm combines (default: all of the setting's). ``--accelerator gpu`` fits and judges on the GPU.
 ``--on NAME`` trains every loop and control arm on top of that standard augmentation, as a user who adds
 dlguard to a pipeline that already augments would: it transforms the loader's rows first, before any
@@ -609,6 +610,8 @@ def open_arm(name: str, setting: Setting, seed: int, dose: dict[str, Any]) -> Ar
 
 
 LOOPS = ("robustness", "dscore", "hda", "metamorphic", "relevancy", "dlguard")
+GUIDED = ("robustness", "dscore")
+"""Loops with a guide whatever the flags (the metamorphic loop has one with ``--violation_guide``)."""
 VIOLATION_GUIDE: list[bool] = []
 """Non-empty: the metamorphic loop drives an ``ErrorGuidedAugmentation`` too (``--violation_guide``), and its
 control applies those transformations at the loop's mean strength, uniformly over classes and properties."""
@@ -784,11 +787,14 @@ def fit(
     said = sorted(
         {str(w.message)[:160] for w in caught if "dlguard" in str(w.filename) or "Callback" in str(w.message)}
     )
-    record = {"seconds": seconds, "warnings": said}
+    # CPU fits differ with the thread count (a plain fit by a point of mCA): the record says how many it had
+    record = {"seconds": seconds, "warnings": said, "threads": torch.get_num_threads(), "accelerator": accelerator}
     if isinstance(arm.callbacks[0] if arm.callbacks else None, Underneath):  # make_arm put it under the arm
         record["on"] = ON[0]
     if arm_name == "dlguard" and COMBINED:  # a subset of the loops: the tables name it
         record["combine"] = list(COMBINED)
+    if options := given_options(arm_name, setting):  # flags other than the defaults: the tables name them
+        record["options"] = options
     if arm.dose is not None:
         record["dose"] = arm.dose.record()
         doses[arm_name] = record["dose"]
@@ -809,6 +815,53 @@ def arms_for(setting: Setting, arms: list[str] | None, combine: list[str]) -> li
         if asked:
             raise SystemExit(f"{', '.join(asked)}: needs scenes with object masks (--setting scenes or spurious)")
     return arms or [arm for arm in ARMS if setting.val_masks is not None or not arm.startswith("relevancy")]
+
+
+def given_options(arm_name: str, setting: Setting) -> dict[str, Any]:
+    """The flags other than their defaults that change ``arm_name``'s fit, as its record keeps them (``options``).
+
+    A loop's are its callback's, its guide's and, where it has one, its bank's and replay's; a control's are its
+    loop's (it follows the loop's dose) and, where it has a guide, ``--control_draws``; ``dlguard``'s are those
+    of the loops it combines; ``oracle``'s its own. Plain training and the standard augmentations take none.
+    JSON's types (lists, not tuples), as a file read back holds them, so a run and its file label alike.
+    """
+    loop, _, variant = arm_name.partition("-")
+    guided = (*GUIDED, *(["metamorphic"] if VIOLATION_GUIDE else []))
+    flags = {
+        "robustness": ["robustness", "guide", "spread", "properties", "replay", "bank"],
+        "dscore": ["dscore", "padding"],
+        "hda": ["hda", "replay", "bank"],
+        "metamorphic": ["metamorphic", *(["violation_guide", "spread"] if VIOLATION_GUIDE else []), "replay", "bank"],
+        "relevancy": ["relevancy", "replay", "bank"],
+    }
+    if loop == "dlguard":
+        combined = list(dict.fromkeys(COMBINED)) or [name for name in flags if setting.val_masks is not None
+                                                     or name != "relevancy"]  # fmt: skip
+        names = [name for part in combined for name in flags[part]]
+    elif loop in flags:
+        names = flags[loop] + (["control_draws"] if variant and loop in guided else [])
+    else:
+        names = [arm_name] if arm_name in REFERENCES else []
+    chosen = {"spread": SPREAD[0] != "cell", "properties": PROPERTIES != ["framework"]}
+    chosen |= {"control_draws": CONTROL_DRAWS[0] != "loop", "violation_guide": bool(VIOLATION_GUIDE)}
+    values = {"spread": SPREAD[0], "properties": list(PROPERTIES), "control_draws": CONTROL_DRAWS[0]}
+    given = {
+        name: values.get(name, OPTIONS.get(name))
+        for name in dict.fromkeys(names)
+        if chosen.get(name, bool(OPTIONS.get(name)))
+    }
+    return json.loads(json.dumps(given))
+
+
+def _flags(options: dict[str, Any]) -> str:
+    """``options`` as the command line gives them: ``--metamorphic budget=None --spread even``."""
+    parts = []
+    for name, value in options.items():
+        if isinstance(value, dict):
+            parts.append(" ".join([f"--{name}", *(f"{key}={given!r}" for key, given in value.items())]))
+        else:
+            parts.append(" ".join([f"--{name}", *(value if isinstance(value, list) else [value])]))
+    return " ".join(parts)
 
 
 def summarise(results: dict[str, list[dict]]) -> list[str]:
@@ -835,20 +888,37 @@ def summarise(results: dict[str, list[dict]]) -> list[str]:
 
 
 def _label(arm: str, runs: list[dict]) -> str:
-    """The arm's name, with the loops it combined (``--combine``) and the augmentation under it (``--on``).
+    """The arm's name, with the loops it combined (``--combine``), the augmentation under it (``--on``) and its flags.
 
-    ``dlguard (metamorphic+hda) on noise``; :func:`merge` keys such runs by it, so that one file's
-    ``dlguard`` and another's stay apart. A name that already holds a space is a label already.
+    ``dlguard (metamorphic+hda) on noise [--metamorphic budget=None]``; :func:`merge` keys such runs by it,
+    so that one file's ``dlguard`` and another's stay apart. A name that already holds a space is a label already.
     """
     if " " in arm:
         return arm
     combined = {"+".join(run["combine"]) for run in runs if "combine" in run}
     under = {run["on"] for run in runs if "on" in run}
+    flags = {_flags(run["options"]) for run in runs if run.get("options")}
     return (
         arm
         + (f" ({'/'.join(sorted(combined))})" if combined else "")
         + (f" on {'/'.join(sorted(under))}" if under else "")
+        + (f" [{' / '.join(sorted(flags))}]" if flags else "")
     )
+
+
+def _base(key: str) -> str:
+    """An arm's name without its label: ``metamorphic`` of ``metamorphic on augmix [--metamorphic budget=None]``."""
+    return key.split(" ")[0]
+
+
+def _variant(runs: list[dict]) -> str:
+    """What beside its name sets a loop's or a control's runs apart: the augmentation under it and its flags.
+
+    A control's ``--control_draws`` is left out: it says how the control draws, not which loop's dose it follows.
+    """
+    under = sorted({run["on"] for run in runs if "on" in run})
+    options = [{k: v for k, v in run.get("options", {}).items() if k != "control_draws"} for run in runs]
+    return json.dumps([under, options[0] if options else {}], sort_keys=True)
 
 
 OWN_MEASURE = {
@@ -867,17 +937,20 @@ def comparisons(results: dict[str, list[dict]]) -> list[tuple[str, str, list[tup
     Each loop against its controls, HDA against plain training under PGD, ``dlguard`` against the standard
     augmentation of the best mean mCA, against plain training and against training on the judge's corruptions.
     """
-    pairs = [
-        (loop, control, [("mCA", 1), OWN_MEASURE[loop]])
-        for loop in OWN_MEASURE
-        for control in CONTROLS
-        if control.split("-")[0] == loop and loop in results and control in results
-    ]
-    if results.get("hda") and results.get("plain"):  # HDA fine-tuning's promise (papers/002): robustness over plain
-        pairs.append(("hda", "plain", [("pgd", 1)]))
+    pairs = [  # a loop and the controls that followed its dose: the same flags, the same augmentation under them
+        (loop, control, [("mCA", 1), OWN_MEASURE[_base(loop)]])
+        for loop in results
+        if _base(loop) in OWN_MEASURE and results[loop]
+        for control in results
+        if _base(control) in CONTROLS and _base(control).split("-")[0] == _base(loop) and results[control]
+        and _variant(results[control]) == _variant(results[loop])
+    ]  # fmt: skip
+    for hda in [arm for arm in results if _base(arm) == "hda" and results[arm]]:
+        if results.get("plain"):  # HDA fine-tuning's promise (papers/002): robustness over plain
+            pairs.append((hda, "plain", [("pgd", 1)]))
     standard = [arm for arm in STANDARD if results.get(arm)]
     best = max(standard, key=lambda arm: mean(r["mCA"] for r in results[arm])) if standard else None
-    for together in [arm for arm in results if arm.split(" ")[0] == "dlguard" and results[arm]]:
+    for together in [arm for arm in results if _base(arm) == "dlguard" and results[arm]]:
         if best:
             pairs.append((together, best, [("mCA", 1), ("pgd", 1)]))
         under = {run["on"] for run in results[together] if "on" in run}
@@ -920,14 +993,14 @@ def paired(results: dict[str, list[dict]], extra: Sequence[tuple[str, str]] = ()
             better = sum(direction * d > 0 for d in diffs)
             arrow = " ↓" if direction < 0 else ""
             difference = f"{mean(diffs):+.3f} ± {error:.3f}"
-            name = _label(arm, results[arm])
-            lines.append(f"| {name} − {reference} | {measure}{arrow} | {difference} | {better} of {len(diffs)} |")
+            name, against = _label(arm, results[arm]), _label(reference, results[reference])
+            lines.append(f"| {name} − {against} | {measure}{arrow} | {difference} | {better} of {len(diffs)} |")
     return lines
 
 
 def _judged(run: dict) -> dict:
-    """A run's figures without its wall time (and the warnings that name it): what a rerun repeats."""
-    return {key: value for key, value in run.items() if key not in ("seconds", "warnings")}
+    """A run's figures without its wall time, the warnings that name it and where it ran: what a rerun repeats."""
+    return {key: value for key, value in run.items() if key not in ("seconds", "warnings", "threads", "accelerator")}
 
 
 def merge(files: list[dict[str, list[dict]]]) -> dict[str, list[dict]]:
@@ -938,8 +1011,9 @@ def merge(files: list[dict[str, list[dict]]]) -> dict[str, list[dict]]:
 
     Returns:
         Every arm's runs, arms in ``ARMS`` order, runs sorted by ``seed``. An arm trained on top of a standard
-        augmentation (``--on``) or combining some loops (``--combine``) is its own arm, keyed by its label,
-        ``"dlguard (metamorphic+hda) on noise"``, beside ``"dlguard"`` of another file.
+        augmentation (``--on``), combining some loops (``--combine``) or with flags other than the defaults
+        (``options``) is its own arm, keyed by its label, ``"dlguard (metamorphic+hda) on noise"`` or
+        ``"metamorphic [--metamorphic budget=None]"``, beside ``"dlguard"`` or ``"metamorphic"`` of another file.
         A seed that an arm ran in two files is kept once when the two runs judged alike (every figure but the
         fit time: a rerun of the same deterministic run) and refused otherwise; runs without a ``seed`` (files
         written before runs recorded it) keep their order, and the same such file merged twice is not noticed.
@@ -954,15 +1028,17 @@ def merge(files: list[dict[str, list[dict]]]) -> dict[str, list[dict]]:
                 if twin is None:
                     kept.append(run)
                 elif _judged(twin) != _judged(run):
+                    threads = sorted({r["threads"] for r in (twin, run) if "threads" in r})
+                    why = f" (the runs had {' and '.join(map(str, threads))} threads)" if len(threads) > 1 else ""
                     raise SystemExit(
-                        f"--results: arm {key} ran seed {run['seed']} in more than one file, judged otherwise"
+                        f"--results: arm {key} ran seed {run['seed']} in more than one file, judged otherwise{why}"
                     )
     for runs in merged.values():
         seeds = [run["seed"] for run in runs if "seed" in run]
         if len(seeds) == len(runs):
             runs.sort(key=lambda run: run["seed"])
     order = {arm: index for index, arm in enumerate(ARMS)}
-    return dict(sorted(merged.items(), key=lambda item: order.get(item[0], len(order))))
+    return dict(sorted(merged.items(), key=lambda item: order.get(_base(item[0]), len(order))))
 
 
 def main() -> None:

@@ -281,6 +281,80 @@ def test_the_relevancy_control_follows_its_loop_s_dose(monkeypatch: pytest.Monke
     assert sum(deposits.values()) > 0 and all(n % 3 == 0 for n in deposits.values())  # 3 backgrounds per digit
     assert {e: n for e, n in deposits.items() if n} == control["dose"]["deposits"]
     assert control["replayed"] == measured["replayed"] > 0
+    assert measured["options"] == control["options"] == {"relevancy": options}  # the flags, in each run's record
+    assert (measured["threads"], measured["accelerator"]) == (torch.get_num_threads(), "cpu")  # and where it ran
+
+
+def test_a_run_records_the_flags_other_than_the_defaults_that_changed_it(
+    setting: cl.Setting, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(cl.OPTIONS, "metamorphic", {"budget": None})
+    monkeypatch.setitem(cl.OPTIONS, "bank", {"capacity": 1024})
+    monkeypatch.setitem(cl.OPTIONS, "hda", {"radius": (0.1,)})  # a tuple, kept as JSON keeps it
+    monkeypatch.setitem(cl.OPTIONS, "relevancy", {"budget": None})  # MNIST has no relevancy loop to take it
+    monkeypatch.setitem(cl.OPTIONS, "oracle", {"fraction": 0.25})
+    monkeypatch.setattr(cl, "SPREAD", ["even"])
+    monkeypatch.setattr(cl, "CONTROL_DRAWS", ["global"])
+    metamorphic, bank = {"metamorphic": {"budget": None}}, {"bank": {"capacity": 1024}}
+    expected = {
+        "plain": {},
+        "augmix": {},
+        "oracle": {"oracle": {"fraction": 0.25}},
+        "metamorphic": {**metamorphic, **bank},  # no guide: --spread does not reach it
+        "metamorphic-open": {**metamorphic, **bank},  # nor --control_draws its control
+        "robustness": {"spread": "even", **bank},
+        "robustness-open": {"spread": "even", **bank, "control_draws": "global"},
+        "dscore": {},
+        "dscore-open": {"control_draws": "global"},
+        "hda-pgd": {"hda": {"radius": [0.1]}, **bank},
+        "dlguard": {"spread": "even", **bank, "hda": {"radius": [0.1]}, **metamorphic},
+    }
+    assert {arm: cl.given_options(arm, setting) for arm in expected} == expected
+    monkeypatch.setattr(cl, "VIOLATION_GUIDE", [True])  # the metamorphic loop's guide takes --spread, and draws
+    assert cl.given_options("metamorphic-open", setting) == {
+        **metamorphic, "violation_guide": {}, "spread": "even", **bank, "control_draws": "global"
+    }  # fmt: skip
+    monkeypatch.setattr(cl, "COMBINED", ["dscore"])
+    assert cl.given_options("dlguard", setting) == {}
+    flags = "--spread even --bank capacity=1024 --hda radius=[0.1] --metamorphic budget=None"
+    assert cl._flags(expected["dlguard"]) == flags  # as the command line gives them, so the tables name them
+
+
+def test_runs_with_other_flags_merge_apart_and_each_loop_meets_the_control_that_took_its_flags() -> None:
+    """docs/closed_loop.md's "Measuring every epoch, on the scenes": budget=None beside the default budget."""
+    flagged = {"options": {"metamorphic": {"budget": None}}, "on": "augmix"}
+    default = {
+        "plain": [{"seed": 0, "mCA": 0.66, "pgd": 0.42}],
+        "metamorphic": [{"seed": 0, "mCA": 0.72, "violation_rate": 0.03, "on": "augmix"}],
+        "metamorphic-open": [{"seed": 0, "mCA": 0.70, "violation_rate": 0.05, "on": "augmix"}],
+    }
+    drawing = {"options": {**flagged["options"], "control_draws": "global"}}  # follows the same loop's dose
+    every_epoch = {
+        "plain": [{"seed": 0, "mCA": 0.66, "pgd": 0.42}],  # takes no flag: the same arm, run again
+        "metamorphic": [{"seed": 0, "mCA": 0.75, "violation_rate": 0.02, **flagged}],
+        "metamorphic-open": [{"seed": 0, "mCA": 0.71, "violation_rate": 0.06, **flagged, **drawing}],
+        "hda": [{"seed": 0, "mCA": 0.60, "R_g": 0.5, "pgd": 0.47, "on": "augmix"}],
+    }
+    merged = cl.merge([default, every_epoch])
+    assert list(merged) == [
+        "plain",
+        "hda on augmix",
+        "metamorphic on augmix",
+        "metamorphic on augmix [--metamorphic budget=None]",
+        "metamorphic-open on augmix",
+        "metamorphic-open on augmix [--metamorphic budget=None --control_draws global]",
+    ]  # ARMS' order by name; a name's variants in the files' order
+    assert cl.paired(merged)[2:] == [  # by hand: each loop against the control of its own flags only
+        "| metamorphic on augmix − metamorphic-open on augmix | mCA | +0.020 ± nan | 1 of 1 |",
+        "| metamorphic on augmix − metamorphic-open on augmix | violation_rate ↓ | -0.020 ± nan | 1 of 1 |",
+        "| metamorphic on augmix [--metamorphic budget=None] − metamorphic-open on augmix [--metamorphic budget=None"
+        " --control_draws global] | mCA | +0.040 ± nan | 1 of 1 |",
+        "| metamorphic on augmix [--metamorphic budget=None] − metamorphic-open on augmix [--metamorphic budget=None"
+        " --control_draws global] | violation_rate ↓ | -0.040 ± nan | 1 of 1 |",
+        "| hda on augmix − plain | pgd | +0.050 ± nan | 1 of 1 |",  # the augmentation under it, named
+    ]
+    # one run's own file, keyed by the arms' names: both sides of a row named with their flags all the same
+    assert cl.paired(every_epoch)[2:4] == cl.paired(merged)[4:6]
 
 
 def test_the_paired_table_differences_each_seed_s_runs() -> None:
@@ -382,6 +456,10 @@ def test_results_of_several_processes_merge_into_one_file_by_arm_and_seed() -> N
     assert cl.merge([{"plain": [{"mCA": 0.5}, {"mCA": 0.6}]}])["plain"] == [{"mCA": 0.5}, {"mCA": 0.6}]
     with pytest.raises(SystemExit, match="plain ran seed 2 in more than one file"):
         cl.merge([first, {"plain": [{"seed": 2, "mCA": 0.7}]}])
+    one, two = ({"seed": 1, "mCA": mca, "threads": n, "seconds": n} for mca, n in ((0.66, 2), (0.67, 1)))
+    with pytest.raises(SystemExit, match=r"plain ran seed 1 .* judged otherwise \(the runs had 1 and 2 threads\)"):
+        cl.merge([{"plain": [one]}, {"plain": [two]}])  # CPU fits differ with the thread count: the message says so
+    assert cl.merge([{"plain": [one]}, {"plain": [{**one, "threads": 1}]}])["plain"] == [one]  # alike: kept once
 
 
 def test_files_of_other_runs_merge_with_their_dlguard_arms_apart_and_pair_on_request() -> None:
