@@ -884,6 +884,10 @@ def summarise(results: dict[str, list[dict]]) -> list[str]:
             f"{seconds / plain_time:.1f}x" if plain_time == plain_time else f"{seconds:.1f} s"
         )  # no plain arm: seconds
         lines.append(f"| {_label(arm, runs)} | " + " | ".join(cells) + f" | {time} |")
+    every = [run for runs in results.values() for run in runs]
+    where = sorted({f"{run['threads']} thread(s) on {run['accelerator']}" for run in every if "threads" in run})
+    if len(where) > 1:  # a merged file: a fit time's ratio mixes machines' loads
+        lines.append(f"(fit times from runs with {' and '.join(where)}: their ratios compare only roughly)")
     return lines
 
 

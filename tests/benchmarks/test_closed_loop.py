@@ -507,6 +507,11 @@ def test_the_tables_of_a_file_still_being_written_show_the_arms_that_ran() -> No
     lines = cl.summarise({"plain": [run], "robustness": [{**run, "seconds": 3.0}], "robustness-open": []})
     assert [line.split(" | ")[0] for line in lines[2:]] == ["| plain", "| robustness"]
     assert lines[3].endswith("| 1.5x |") and "0.250 ± 0.000" in lines[3]
+    assert len(lines) == 4  # one thread count (or none recorded): no word on the fit times
+    two = {arm: [{**run, "threads": n, "accelerator": "cpu"}] for arm, n in (("plain", 2), ("noise", 1))}
+    assert cl.summarise(two)[-1] == (
+        "(fit times from runs with 1 thread(s) on cpu and 2 thread(s) on cpu: their ratios compare only roughly)"
+    )
 
 
 def test_the_oracle_puts_a_fraction_of_the_images_through_the_judge_s_corruptions(
