@@ -148,6 +148,8 @@ from dlguard.probes import ModelAdapter
 
 EPS = 0.1
 """HDACallback's default radius: the HDA controls' ball, and the judge's ε on MNIST."""
+EPOCHS = 6
+"""Training epochs of every arm unless ``--epochs`` says otherwise (then each run's record names it)."""
 
 
 # ---- data and model -----------------------------------------------------------------------------
@@ -793,7 +795,7 @@ def fit(
         record["on"] = ON[0]
     if arm_name == "dlguard" and COMBINED:  # a subset of the loops: the tables name it
         record["combine"] = list(COMBINED)
-    if options := given_options(arm_name, setting):  # flags other than the defaults: the tables name them
+    if options := given_options(arm_name, setting, epochs):  # flags other than the defaults: the tables name them
         record["options"] = options
     if arm.dose is not None:
         record["dose"] = arm.dose.record()
@@ -817,12 +819,13 @@ def arms_for(setting: Setting, arms: list[str] | None, combine: list[str]) -> li
     return arms or [arm for arm in ARMS if setting.val_masks is not None or not arm.startswith("relevancy")]
 
 
-def given_options(arm_name: str, setting: Setting) -> dict[str, Any]:
+def given_options(arm_name: str, setting: Setting, epochs: int = 0) -> dict[str, Any]:
     """The flags other than their defaults that change ``arm_name``'s fit, as its record keeps them (``options``).
 
-    A loop's are its callback's, its guide's and, where it has one, its bank's and replay's; a control's are its
-    loop's (it follows the loop's dose) and, where it has a guide, ``--control_draws``; ``dlguard``'s are those
-    of the loops it combines; ``oracle``'s its own. Plain training and the standard augmentations take none.
+    Every arm's ``--epochs`` when it is not ``EPOCHS`` (``0``: not asked). A loop's are its callback's, its
+    guide's and, where it has one, its bank's and replay's; a control's are its loop's (it follows the loop's
+    dose) and, where it has a guide, ``--control_draws``; ``dlguard``'s are those of the loops it combines;
+    ``oracle``'s its own. Plain training and the standard augmentations take none besides ``--epochs``.
     JSON's types (lists, not tuples), as a file read back holds them, so a run and its file label alike.
     """
     loop, _, variant = arm_name.partition("-")
@@ -845,7 +848,8 @@ def given_options(arm_name: str, setting: Setting) -> dict[str, Any]:
     chosen = {"spread": SPREAD[0] != "cell", "properties": PROPERTIES != ["framework"]}
     chosen |= {"control_draws": CONTROL_DRAWS[0] != "loop", "violation_guide": bool(VIOLATION_GUIDE)}
     values = {"spread": SPREAD[0], "properties": list(PROPERTIES), "control_draws": CONTROL_DRAWS[0]}
-    given = {
+    given = {"epochs": epochs} if epochs and epochs != EPOCHS else {}
+    given |= {
         name: values.get(name, OPTIONS.get(name))
         for name in dict.fromkeys(names)
         if chosen.get(name, bool(OPTIONS.get(name)))
@@ -860,7 +864,7 @@ def _flags(options: dict[str, Any]) -> str:
         if isinstance(value, dict):
             parts.append(" ".join([f"--{name}", *(f"{key}={given!r}" for key, given in value.items())]))
         else:
-            parts.append(" ".join([f"--{name}", *(value if isinstance(value, list) else [value])]))
+            parts.append(" ".join([f"--{name}", *map(str, value if isinstance(value, list) else [value])]))
     return " ".join(parts)
 
 
@@ -1049,7 +1053,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--setting", choices=tuple(SETTINGS), default="mnist")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--epochs", type=int, default=EPOCHS)
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=None, help="default: every arm the setting has")
     parser.add_argument("--out", type=Path, default=None, help="JSON file of every run's figures")
     parser.add_argument("--combine", nargs="+", choices=LOOPS[:-1], default=[], help="the dlguard arm's loops")

@@ -281,7 +281,7 @@ def test_the_relevancy_control_follows_its_loop_s_dose(monkeypatch: pytest.Monke
     assert sum(deposits.values()) > 0 and all(n % 3 == 0 for n in deposits.values())  # 3 backgrounds per digit
     assert {e: n for e, n in deposits.items() if n} == control["dose"]["deposits"]
     assert control["replayed"] == measured["replayed"] > 0
-    assert measured["options"] == control["options"] == {"relevancy": options}  # the flags, in each run's record
+    assert measured["options"] == control["options"] == {"epochs": 3, "relevancy": options}  # the flags, recorded
     assert (measured["threads"], measured["accelerator"]) == (torch.get_num_threads(), "cpu")  # and where it ran
 
 
@@ -315,7 +315,8 @@ def test_a_run_records_the_flags_other_than_the_defaults_that_changed_it(
         **metamorphic, "violation_guide": {}, "spread": "even", **bank, "control_draws": "global"
     }  # fmt: skip
     monkeypatch.setattr(cl, "COMBINED", ["dscore"])
-    assert cl.given_options("dlguard", setting) == {}
+    assert cl.given_options("dlguard", setting) == cl.given_options("dlguard", setting, cl.EPOCHS) == {}
+    assert cl._flags(cl.given_options("plain", setting, 3)) == "--epochs 3"  # every arm's, when not the default
     flags = "--spread even --bank capacity=1024 --hda radius=[0.1] --metamorphic budget=None"
     assert cl._flags(expected["dlguard"]) == flags  # as the command line gives them, so the tables name them
 
