@@ -145,6 +145,18 @@ def test_pca_embedding_bandwidth_and_decoding_follow_sklearn(data) -> None:
     torch.testing.assert_close(decoded.double(), torch.from_numpy(inverse), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("n", [5, 9])
+def test_pca_at_full_rank_takes_another_exact_solver_and_still_follows_sklearn(n: int) -> None:
+    # ARPACK (below full rank, the test above) cannot give min(n, features) components: the fallback must
+    features = components = 4  # every feature a component: none left out, none of zero variance (n > features)
+    train = torch.rand(n, features, generator=torch.Generator().manual_seed(1))
+    query = torch.rand(3, features, generator=torch.Generator().manual_seed(2))
+    g = PCADistribution(n_components=components).fit(train)
+    reference = PCA(n_components=components, svd_solver="full").fit(train.double().numpy())
+    expected = torch.from_numpy(reference.transform(query.double().numpy()))
+    torch.testing.assert_close(g.embed(query)[0].double(), expected, atol=1e-5, rtol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def mnist() -> tuple[torch.Tensor, torch.Tensor]:
     dm = MNISTDataModule()
