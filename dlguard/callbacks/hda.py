@@ -76,7 +76,9 @@ class HDACallback(ProbeCallback):
         warning says when it found none) --, ``hda/seed_density`` (mean ``p_g`` of the selected seeds as a share of
         the candidates' total: ``1 / probe_size`` for seeds drawn at random), ``hda/ssim`` (mean SSIM
         of the AEs; images only), ``hda/global_robustness`` (``R̂_g`` on the held-out test cases;
-        absent while none is held out, e.g. ``holdout=0``).
+        at the measurement that holds them out, the density-weighted share of held-out seeds without an AE,
+        with a warning when that is 0.0 or 1.0; absent while none is held out, e.g. ``holdout=0``, and under
+        ``trainer.test``: the held-out cases come from validation inputs, not the test loader).
         Figure ``hda/gallery``: seeds and their best AEs with labels, predictions and ``J``.
 
     Args:
@@ -321,9 +323,9 @@ class HDACallback(ProbeCallback):
             )
             return {"seeds": 0, "population": population, "iterations": iterations}, {}
         self.last_run = run
-        if self.heldout is None and stage == "validation":
+        drawn_now = self.heldout is None and stage == "validation"
+        if drawn_now:
             self.heldout = run.heldout
-            self._warn_if_heldout_holds_no_ae(trainer, run)
         device = run.ga.logits.device
         quality = AEQuality(perceptual=("ssim",), validate_args=False).to(device)  # the GA's own outputs
         if len(run.seeds):
@@ -346,12 +348,15 @@ class HDACallback(ProbeCallback):
                 "hda/epsilon and hda/ssim are not logged and nothing is fed back; raise budget (it caps "
                 "iterations and population), iterations, population, mutation_std or radius"
             )
-        if self.heldout is not None and len(self.heldout["labels"]):
+        # validation only: the held-out cases come from validation inputs, not a test loader's
+        if stage == "validation" and self.heldout is not None and len(self.heldout["labels"]):
             robustness = EmpiricalGlobalRobustness(validate_args=False).to(device)
             logits, labels, log_density = run.heldout_share
             if len(labels):
                 robustness.update(logits, labels, log_density)
             logged["hda/global_robustness"] = float(robustness.compute())  # every process holds the whole set
+            if drawn_now:
+                self._say_what_the_first_global_robustness_reads(trainer, run)
         if self.bank is not None and stage == "validation":
             self.bank.add(*run.failures, origin="hda")
         self._gallery = self._gallery_of(run)
@@ -364,8 +369,12 @@ class HDACallback(ProbeCallback):
         }
         return record, logged
 
-    def _warn_if_heldout_holds_no_ae(self, trainer: L.Trainer, run: HDARun) -> None:
-        """R̂_g on held-out seeds without an AE is the model's accuracy on those seeds: say so, not a silent 1.0."""
+    def _say_what_the_first_global_robustness_reads(self, trainer: L.Trainer, run: HDARun) -> None:
+        """The measurement that holds the test cases out reads how many of them the GA broke: say so at 1.0 and 0.0.
+
+        At 1.0 no held-out seed has an AE, so every later R̂_g is the model's accuracy on the seeds themselves; at
+        0.0 every one has, found against this very model: the starting point by construction, not a finding.
+        """
         held = len(self.heldout["labels"]) if self.heldout is not None else 0
         found_here = run.ga.found[:, 0][run.held.to(run.ga.found.device)].sum().reshape(1).cpu()
         found = int(_distributed.all_sum(found_here).item())
@@ -375,6 +384,12 @@ class HDACallback(ProbeCallback):
                 f"{trainer.current_epoch}, so hda/global_robustness is measured on the seeds themselves: it reads "
                 "the model's accuracy on them (1.0 at first), not how far training closes AEs; raise iterations, "
                 "population or radius for held-out AEs"
+            )
+        elif held and found == held:
+            rank_zero_warn(
+                f"HDACallback: hda/global_robustness reads 0.0 at epoch {trainer.current_epoch} by construction: "
+                f"this measurement held out the test cases of {held} seeds, and the GA found an AE around every one "
+                "against this very model; later measurements read how far training closes these AEs"
             )
 
     # ---- figures and checkpoint ----------------------------------------------------------------

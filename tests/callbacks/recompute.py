@@ -151,7 +151,7 @@ def hda_logged(callback: HDACallback, model: nn.Module | ModelAdapter, stage: st
         logged["hda/epsilon"] = float(result.epsilon)
         if run.seeds.ndim == 4:
             logged["hda/ssim"] = float(result.ssim)
-    if callback.heldout is not None and len(callback.heldout["labels"]):
+    if stage == "validation" and callback.heldout is not None and len(callback.heldout["labels"]):
         robustness = EmpiricalGlobalRobustness()
         robustness.update(*run.heldout_share)  # the callback's held-out cases: it passed them in
         logged["hda/global_robustness"] = float(robustness.compute())

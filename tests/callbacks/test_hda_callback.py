@@ -219,6 +219,27 @@ def test_validate_and_test_measure_on_their_own_loaders(tmp_path: Path, distribu
     assert "hda/ae_proportion" in validated and "hda/ae_proportion" in tested
     test_images = torch.stack([datamodule._mnist.val_set[i][0] for i in range(500, 550)])
     assert torch.isin(callback.probe_set("test").all_keys, content_keys(test_images, 0)).all()
+    # R̂_g's held-out cases come from validation inputs: a test figure it is not, so the test logs none
+    assert "hda/global_robustness" in validated and "hda/global_robustness" not in tested
+    from dlguard.probes import ModelAdapter
+
+    recomputed = hda_logged(callback, ModelAdapter(module, preprocess=normalize), "test")
+    assert {k: v for k, v in tested.items() if k.startswith("hda/")} == pytest.approx(recomputed, abs=1e-6)
+
+
+def test_a_global_robustness_of_zero_by_construction_is_explained(tmp_path: Path, distribution) -> None:
+    # a radius no digit survives: the gradient start finds an AE around every seed, the held-out ones too
+    callback = HDACallback(distribution=distribution, **{**SMALL, "radius": 0.5})
+    trainer = quick_trainer(tmp_path, [callback], val_batches=2)
+    module = ClassifierModule(pretrained("mnist_a"))
+    said = r"hda/global_robustness reads 0.0 at epoch 0 by construction: .* of \d+ seeds"
+    with pytest.warns(UserWarning, match=said):
+        logged = trainer.validate(module, datamodule=MNISTDataModule(batch_size=50), verbose=False)[0]
+    assert logged["hda/global_robustness"] == 0.0 and logged["hda/ae_proportion"] == 1.0
+    with warnings.catch_warnings():  # the next measurement reads the same cases, found at an earlier one: no word
+        warnings.filterwarnings("error", message=".*by construction.*")
+        again = trainer.validate(module, datamodule=MNISTDataModule(batch_size=50), verbose=False)[0]
+    assert again["hda/global_robustness"] == 0.0  # the same model: nothing closed them
 
 
 @pytest.mark.parametrize("precision", ["64-true", "bf16-mixed"])
