@@ -44,6 +44,11 @@ class FailureReplay(Callback):
     measures at the end of a validation epoch, once the model classifies its probe set
     (``min_accuracy``).
 
+    Logged at the end of every training epoch (summed over processes, and over the replays of one
+    ``Trainer``): ``replay/rows``, the training rows this epoch replaced by stored failures, and
+    ``replay/failures``, the failures the bank holds -- the dose a loop fed back, beside the curves it
+    moved.
+
     The bank is part of this callback's checkpoint state. Under DDP each process keeps and replays
     the failures found on its own shard; a checkpoint holds rank zero's bank and generator, and after
     a restart the other processes reseed theirs so that they keep drawing apart.
@@ -87,6 +92,7 @@ class FailureReplay(Callback):
         self.batch_keys, self.seed = batch_keys, seed
         self.accessor = BatchAccessor(batch_keys)
         self.replayed = 0
+        self._replayed_at_epoch_start = 0
         self._own = RankGenerator(seed)
         self._checked_version = -1
 
@@ -95,6 +101,14 @@ class FailureReplay(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._own.start(trainer.global_rank, self.replayed)  # a checkpoint holds rank zero's generator
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._replayed_at_epoch_start = self.replayed
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        dose = {"replay/rows": self.replayed - self._replayed_at_epoch_start, "replay/failures": len(self.bank)}
+        for name, value in dose.items():  # a sum: over the processes' shards, and over two replays' banks
+            pl_module.log(name, float(value), on_step=False, on_epoch=True, reduce_fx="sum", sync_dist=True)
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int

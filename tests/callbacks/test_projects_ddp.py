@@ -73,7 +73,7 @@ def test_two_processes_report_what_one_process_reports(tmp_path: Path) -> None:
         # the budget cut both runs' sets alike; the second process adds its two one-input checks per callback
         assert spent_two == {key: value + 2 for key, value in spent_one.items()}, epoch
     single = split_spent(single_epochs[0])[0]
-    prefixes = ("dscore/", "robustness/", "global_robustness/", "coverage/")
+    prefixes = ("dscore/", "robustness/", "global_robustness/", "coverage/", "replay/")  # replay: summed over ranks
     assert {key.split("/")[0] + "/" for key in single} == set(prefixes)
     assert set(split_spent(single_epochs[0])[1]) == {"dscore/forward_passes", "robustness/forward_passes"}
     summaries = [json.loads((run / "robustness" / "error_summary.json").read_text()) for run in (one, two)]

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import csv
 import pickle
 from pathlib import Path
 
@@ -290,3 +291,18 @@ def test_training_replays_each_failure_once_an_epoch_by_default(tmp_path: Path) 
     replayed = fit(tmp_path / "replay", [replay])
     assert [int((seen >= 150).sum()) for seen in replayed.labels] == [2, 2, 2, 2]
     assert replay.replayed == 8
+
+
+def test_each_epoch_logs_the_rows_replayed_and_the_failures_held_summed_over_replays(tmp_path: Path) -> None:
+    first = FailureReplay(bank_of(list(range(150, 158))))  # 8 failures, 4 batches of 8: 2 rows a batch
+    second = FailureReplay(bank_of([190, 191, 192, 193]), fraction=0.5, seed=1)  # 4 failures: 1 row a batch
+    trainer = quick_trainer(tmp_path, [first, second], epochs=2, train_batches=4, val_batches=0)
+    trainer.fit(Recording())
+    with (tmp_path / "metrics.csv").open() as handle:
+        rows = [row for row in csv.DictReader(handle) if row.get("replay/rows")]
+    # by hand: each epoch 4 batches x (2 + 1) rows; the banks hold 8 + 4; the counters agree over both epochs
+    assert [(int(row["epoch"]), float(row["replay/rows"]), float(row["replay/failures"])) for row in rows] == [
+        (0, 12.0, 12.0),
+        (1, 12.0, 12.0),
+    ]
+    assert first.replayed + second.replayed == 24
