@@ -17,6 +17,7 @@ from dlguard.augment.follow_up_cache import FollowUpCache
 from dlguard.augment.functional.object_mutations import check_removal
 from dlguard.callbacks.base import ProbeCallback, ProbeOptions
 from dlguard.data.backgrounds import scene_backgrounds
+from dlguard.data.batch import describe_batch
 from dlguard.data.failure_bank import FailureBank
 from dlguard.data.probe_set import ProbeSet, ProbeSetPolicy
 from dlguard.generate.object_relevancy import ObjectRelevancyRun, object_relevancy_test, objects_on_fresh_backgrounds
@@ -178,7 +179,8 @@ class ObjectRelevancyCallback(ProbeCallback):
                 masks = batch[self.masks]
             except (KeyError, IndexError, TypeError):
                 raise ValueError(
-                    f"masks: cannot read the object masks at key {self.masks!r} from the batch; pass masks=<key> "
+                    f"masks: cannot read the object masks at key {self.masks!r} from {describe_batch(batch)}; "
+                    "pass masks=<key> "
                     "or a callable images -> masks (B, H, W)"
                 ) from None
         if not isinstance(masks, Tensor):

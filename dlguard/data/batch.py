@@ -19,7 +19,8 @@ _HINT = (
 )
 
 
-def _describe(batch: Any) -> str:
+def describe_batch(batch: Any) -> str:
+    """A batch in words for an error message: its type and keys or length."""
     if isinstance(batch, Mapping):
         return f"a {type(batch).__name__} batch with keys {list(batch)}"
     if isinstance(batch, Sequence) and not isinstance(batch, str):
@@ -71,7 +72,7 @@ set batch_keys=(inputs key, target key), e.g. (0, 1) or ('image', 'label'), or a
             return batch[key]
         except (KeyError, IndexError, TypeError):
             raise ValueError(
-                f"batch_keys: cannot read the {what} at key {key!r} from {_describe(batch)}; {_HINT}"
+                f"batch_keys: cannot read the {what} at key {key!r} from {describe_batch(batch)}; {_HINT}"
             ) from None
 
     def read(self, batch: Any) -> tuple[Tensor, Tensor]:
@@ -85,7 +86,7 @@ set batch_keys=(inputs key, target key), e.g. (0, 1) or ('image', 'label'), or a
             try:
                 result = self._read(batch)
             except Exception as err:  # the user's callable: say which argument it came from
-                raise ValueError(f"batch_keys: the callable failed on {_describe(batch)}: {err}") from err
+                raise ValueError(f"batch_keys: the callable failed on {describe_batch(batch)}: {err}") from err
             if not (isinstance(result, tuple | list) and len(result) == 2):
                 raise ValueError(f"batch_keys: the callable must return (inputs, target), got {type(result).__name__}")
             inputs, target = result
@@ -116,13 +117,13 @@ set batch_keys=(inputs key, target key), e.g. (0, 1) or ('image', 'label'), or a
         if not isinstance(inputs, Tensor) or inputs.ndim < 1:
             raise ValueError(
                 f"batch_keys: expected the inputs to be a tensor (B, ...), got {type(inputs).__name__} from "
-                f"{_describe(batch)}; {_HINT}"
+                f"{describe_batch(batch)}; {_HINT}"
             )
         if not isinstance(target, Tensor) or target.ndim < 1 or target.shape[0] != inputs.shape[0]:
             shape = tuple(target.shape) if isinstance(target, Tensor) else type(target).__name__
             raise ValueError(
                 f"batch_keys: expected the target to be a tensor with the inputs' batch size {inputs.shape[0]}, got "
-                f"{shape} from {_describe(batch)}; {_HINT}"
+                f"{shape} from {describe_batch(batch)}; {_HINT}"
             )
 
     def _check_writable(self, batch: Any, inputs: Tensor, target: Tensor) -> None:

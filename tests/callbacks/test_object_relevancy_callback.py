@@ -117,7 +117,7 @@ def test_the_model_is_left_as_found_and_bad_input_fails_before_any_work(tmp_path
     for masks, message in (
         (lambda x: x[:, 0, :20] > 0.3, r"masks: expected \(50, 28, 28\) to match the inputs"),
         (lambda x: x[:, 0] > 2.0, "masks: input 0 of the batch has an empty mask"),
-        (5, "masks: cannot read the object masks at key 5"),
+        (5, "masks: cannot read the object masks at key 5 from a list batch of 2 elements"),  # what it holds
     ):
         trainer = quick_trainer(
             tmp_path, [ObjectRelevancyCallback(masks=masks, budget=None, probe_size=20)], val_batches=1
