@@ -130,6 +130,7 @@ from dlguard.augment import (
     Property,
     ScoreGuidedPadding,
     default_properties,
+    guide_p,
     property_preset,
 )
 from dlguard.callbacks import (
@@ -337,7 +338,7 @@ class Dose(L.Callback):
             return
         active = self.owner is not None and self.owner._guide_ready()
         if isinstance(self.guide, ErrorGuidedAugmentation):
-            applied = self.guide.strength * float(self.guide.proposal.mean()) if self.guide.proposal.numel() else 0.0
+            applied = guide_p(self.guide)
             self.strength.append(applied if active else 0.0)
         else:
             self.strength.append(float(self.guide.p) if active else 0.0)
@@ -382,7 +383,7 @@ class OpenLoop(L.Callback):
         if isinstance(self.guide, ErrorGuidedAugmentation):
             classes = int(self.source[1].max()) + 1
             self.guide.set_proposal(torch.full((classes, len(self.guide.properties)), self._strength(trainer)))
-            self.applied.append(self.guide.strength * float(self.guide.proposal.mean()))
+            self.applied.append(guide_p(self.guide))
 
     def _strength(self, trainer: L.Trainer) -> float:
         return self.strength[trainer.current_epoch] if trainer.current_epoch < len(self.strength) else 0.0

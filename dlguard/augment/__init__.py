@@ -4,7 +4,7 @@ Also object relevancy's follow-ups (SPEC §3) and their cache: like every pertur
 (what runs a model lives in :mod:`dlguard.generate`).
 """
 
-from dlguard.augment.error_guided import ErrorGuidedAugmentation, proposal_from_rates
+from dlguard.augment.error_guided import ErrorGuidedAugmentation, guide_p, proposal_from_rates
 from dlguard.augment.follow_up_cache import FollowUpCache
 from dlguard.augment.follow_ups import (
     MUTATION_FUNCTIONS,
@@ -40,6 +40,7 @@ __all__ = [
     "deeptest_properties",
     "default_properties",
     "follow_up_layout",
+    "guide_p",
     "label_preserving_properties",
     "object_follow_ups",
     "property_preset",

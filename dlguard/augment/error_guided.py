@@ -12,7 +12,7 @@ from dlguard._validation import check_labels, probability
 from dlguard.augment.functional._inputs import values_trusted
 from dlguard.augment.properties import Property, default_properties
 
-__all__ = ["ErrorGuidedAugmentation", "proposal_from_rates"]
+__all__ = ["ErrorGuidedAugmentation", "guide_p", "proposal_from_rates"]
 
 
 def proposal_from_rates(rates: Tensor) -> Tensor:
@@ -168,3 +168,21 @@ class ErrorGuidedAugmentation(nn.Module):
             else:  # the whole batch, so that what it draws does not depend on the rows chosen
                 out = torch.where(chosen[:, index].reshape(shape), prop(out, levels[:, index]), out)
         return out
+
+
+def guide_p(guide: ErrorGuidedAugmentation) -> float:
+    """The probability ``guide`` applies a property to a row, mean over its classes and properties (0 unset).
+
+    ``strength · mean(proposal)``: what a callback that sets the proposal logs as ``<prefix>/guide_p``.
+
+    Example:
+        >>> from dlguard.augment import Property
+        >>> from dlguard.augment.functional import brightness_scale
+        >>> guide = ErrorGuidedAugmentation([Property("brightness", brightness_scale, (2.0,))], strength=0.5)
+        >>> guide_p(guide)
+        0.0
+        >>> guide.set_proposal([[0.0], [1.0], [0.5], [0.5]])
+        >>> guide_p(guide)
+        0.25
+    """
+    return guide.strength * float(guide.proposal.mean()) if guide.proposal.numel() else 0.0

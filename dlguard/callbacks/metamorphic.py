@@ -12,7 +12,7 @@ from torch import Tensor
 
 from dlguard._distributed import all_sum
 from dlguard._validation import optional_positive_int, positive_int
-from dlguard.augment.error_guided import ErrorGuidedAugmentation, proposal_from_rates
+from dlguard.augment.error_guided import ErrorGuidedAugmentation, guide_p, proposal_from_rates
 from dlguard.augment.presets import property_preset
 from dlguard.augment.properties import Property, check_properties, check_property_inputs
 from dlguard.callbacks.base import ProbeCallback, ProbeOptions
@@ -114,8 +114,10 @@ class MetamorphicCallback(ProbeCallback):
     Logged metrics:
         ``metamorphic/violation_rate`` (violations / transformed inputs, over every property and
         parameter that counts), ``metamorphic/<property>`` (the same per property) and, for
-        regression, ``metamorphic/mse_orig``. Figure ``metamorphic/gallery``: the worst violations, each
-        source beside its transformed input, captioned with the predicted and true label (angle).
+        regression, ``metamorphic/mse_orig``; with a guide ``metamorphic/guide_p`` (the probability it
+        now applies a transformation to a row, mean over the classes and transformations). Figure
+        ``metamorphic/gallery``: the worst violations, each source beside its transformed input,
+        captioned with the predicted and true label (angle).
 
     Args:
         properties: the :class:`~dlguard.augment.Property` list to apply, or a preset name
@@ -252,6 +254,7 @@ class MetamorphicCallback(ProbeCallback):
         if self.guide is not None and stage == "validation":
             self.proposal = _violation_proposal(run.outputs, run.transformed_outputs, run.target, self.properties)
             self.guide.set_proposal(self.proposal)
+            logged["metamorphic/guide_p"] = guide_p(self.guide)
         self._gallery = self._gallery_of(run)
         return record, logged
 

@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from dlguard._validation import optional_positive_int, positive_int
-from dlguard.augment.error_guided import ErrorGuidedAugmentation, proposal_from_rates
+from dlguard.augment.error_guided import ErrorGuidedAugmentation, guide_p, proposal_from_rates
 from dlguard.augment.properties import Property, check_properties, check_property_inputs, default_properties
 from dlguard.callbacks.base import ProbeCallback, ProbeOptions
 from dlguard.data.failure_bank import FailureBank
@@ -65,8 +65,10 @@ class RobustnessCallback(ProbeCallback):
     measurement) are deposited, labelled, for :class:`~dlguard.callbacks.FailureReplay`.
 
     Logged metrics:
-        ``robustness/<property>`` (mean ``LR_p`` over levels), ``robustness/<property>@<level>``, and
-        with ``combine`` ``global_robustness/<property>`` (adder, mean over levels). With a
+        ``robustness/<property>`` (mean ``LR_p`` over levels), ``robustness/<property>@<level>``,
+        with ``combine`` ``global_robustness/<property>`` (adder, mean over levels), and with a guide
+        ``robustness/guide_p`` (the probability it now applies a property to a row, mean over the
+        classes and properties: ``strength`` x the proposal's mean). With a
         ``WandbLogger``, one chart per property with its own levels (σ, θ, β...) on the x axis,
         ``robustness/curve/<property>``, each measurement, robustness over training as one chart per
         property with a line per measured epoch, ``robustness/over_training/<property>``, and the per
@@ -235,6 +237,7 @@ class RobustnessCallback(ProbeCallback):
         if self.guide is not None and stage == "validation":
             self.proposal = proposal
             self.guide.set_proposal(proposal)
+            logged["robustness/guide_p"] = guide_p(self.guide)
         if self.bank is not None and stage == "validation":
             self.bank.add(*run.failures, origin="robustness")
         return record, logged

@@ -97,6 +97,8 @@ def robustness_logged(
         adder.update(*run.adder_share)
         for name, (per_level, _) in adder.compute().items():
             logged[f"global_robustness/{name}"] = float(per_level.reshape(-1).mean())
+    if callback.guide is not None and stage == "validation":  # the proposal the measurement set, at its strength
+        logged["robustness/guide_p"] = callback.guide.strength * float(torch.as_tensor(callback.proposal).mean())
     return logged | spent.logged(callback, stage)
 
 
@@ -124,6 +126,8 @@ def metamorphic_logged(
     logged["metamorphic/violation_rate"] /= max(counted, 1)
     if run.mse_orig is not None:
         logged["metamorphic/mse_orig"] = run.mse_orig
+    if callback.guide is not None and stage == "validation":  # the proposal the measurement set, at its strength
+        logged["metamorphic/guide_p"] = callback.guide.strength * float(torch.as_tensor(callback.proposal).mean())
     return logged | spent.logged(callback, stage)
 
 

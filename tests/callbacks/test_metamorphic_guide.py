@@ -59,7 +59,8 @@ def test_the_guide_takes_each_class_s_violation_rates(tmp_path: Path) -> None:
     callback = MetamorphicCallback(properties=properties, budget=None, probe_size=8, guide=guide)
     assert not callback._guide_ready()
     module = ClassifierModule(pretrained("mnist_a"))
-    quick_trainer(tmp_path, [callback], val_batches=2).validate(module, datamodule=MNISTDataModule(batch_size=50))
+    trainer = quick_trainer(tmp_path, [callback], val_batches=2)
+    logged = trainer.validate(module, datamodule=MNISTDataModule(batch_size=50), verbose=False)[0]
     probe = callback.probe_set()
     assert len(set(probe.target.tolist())) < 10  # 8 inputs: classes without one get the rate of all
     expected = reference_proposal(module.net, probe.inputs, probe.target, probe.keys, properties, 10)
@@ -67,6 +68,9 @@ def test_the_guide_takes_each_class_s_violation_rates(tmp_path: Path) -> None:
     torch.testing.assert_close(guide.proposal, torch.tensor(expected, dtype=torch.float32))
     assert max(max(row) for row in callback.proposal) == 1.0
     assert callback._guide_ready()
+    # what the guide now applies, logged: half strength times the mean of the table written out by hand above
+    mean = sum(sum(row) for row in expected) / (len(expected) * len(expected[0]))
+    assert logged["metamorphic/guide_p"] == pytest.approx(0.5 * mean, abs=1e-6)
 
 
 def test_the_proposal_is_checkpointed_into_a_fresh_guide(tmp_path: Path) -> None:

@@ -63,6 +63,9 @@ def test_without_an_adder_the_guide_follows_local_robustness(tmp_path: Path) -> 
         rates /= torch.tensor([len(p.levels) for p in properties])
     assert callback.error_summary is None and rates.max() > 0
     torch.testing.assert_close(guide.proposal, rates / rates.max())
+    # what the guide now applies, logged: half strength times the reference table's mean
+    guide_p = float(trainer.callback_metrics["robustness/guide_p"])
+    assert guide_p == pytest.approx(0.5 * float((rates / rates.max()).mean()), abs=1e-6)
 
 
 def test_probe_set_is_balanced_correct_and_fixed(tmp_path: Path) -> None:
