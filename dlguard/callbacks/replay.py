@@ -27,9 +27,10 @@ class FailureReplay(Callback):
     on them without code changes (Lightning has no callback hook after the batch transfer, and this
     one receives the batch on the device). Rows of each batch are chosen at random and replaced by
     rows drawn uniformly from the bank, inputs and labels alike, through the batch accessor: tuple,
-    list or dict batches, or a callable. Nothing happens while the bank is empty. Draws come from a
-    generator of the callback's own (seeded, in the checkpoint), so the global RNG that dropout and
-    augmentations use is untouched; no host sync per batch.
+    list or dict batches, or a callable; only those two are written, so other fields of a replaced row
+    (a dict batch's masks or ids) keep the original row's values. Nothing happens while the bank is
+    empty. Draws come from a generator of the callback's own (seeded, in the checkpoint), so the global
+    RNG that dropout and augmentations use is untouched; no host sync per batch.
 
     **The dose.** A failure is one more training input, not one to learn by heart: each stored failure
     is replayed ``repeats`` times per training epoch on average (once by default, as often as any
