@@ -150,7 +150,7 @@ from dlguard.probes import ModelAdapter
 EPS = 0.1
 """HDACallback's default radius: the HDA controls' ball, and the judge's ε on MNIST."""
 EPOCHS = 6
-"""Training epochs of every arm unless ``--epochs`` says otherwise (then each run's record names it)."""
+"""Training epochs of every arm unless ``--epochs`` says otherwise (each run's record keeps its ``epochs``)."""
 
 
 # ---- data and model -----------------------------------------------------------------------------
@@ -765,7 +765,8 @@ def fit(
         keep: when given, receives the arm (its callbacks, banks and guides) for a look after the fit.
 
     Returns:
-        The trained model and its record: fit seconds, warnings, dose, rows replayed.
+        The trained model and its record: fit seconds, warnings, thread count, accelerator, epochs, the flags
+        other than the defaults that reached the arm (``options``, :func:`given_options`), dose, rows replayed.
     """
     L.seed_everything(seed, verbose=False)
     arm = make_arm(arm_name, setting, seed, doses)
@@ -791,12 +792,13 @@ def fit(
         {str(w.message)[:160] for w in caught if "dlguard" in str(w.filename) or "Callback" in str(w.message)}
     )
     # CPU fits differ with the thread count (a plain fit by a point of mCA): the record says how many it had
-    record = {"seconds": seconds, "warnings": said, "threads": torch.get_num_threads(), "accelerator": accelerator}
+    record = {"seconds": seconds, "warnings": said, "threads": torch.get_num_threads(), "accelerator": accelerator,
+              "epochs": epochs}  # fmt: skip
     if isinstance(arm.callbacks[0] if arm.callbacks else None, Underneath):  # make_arm put it under the arm
         record["on"] = ON[0]
     if arm_name == "dlguard" and COMBINED:  # a subset of the loops: the tables name it
         record["combine"] = list(COMBINED)
-    if options := given_options(arm_name, setting, epochs):  # flags other than the defaults: the tables name them
+    if options := given_options(arm_name, setting):  # flags other than the defaults: the tables name them
         record["options"] = options
     if arm.dose is not None:
         record["dose"] = arm.dose.record()
@@ -820,14 +822,21 @@ def arms_for(setting: Setting, arms: list[str] | None, combine: list[str]) -> li
     return arms or [arm for arm in ARMS if setting.val_masks is not None or not arm.startswith("relevancy")]
 
 
-def given_options(arm_name: str, setting: Setting, epochs: int = 0) -> dict[str, Any]:
+def given_options(arm_name: str, setting: Setting) -> dict[str, Any]:
     """The flags other than their defaults that change ``arm_name``'s fit, as its record keeps them (``options``).
 
-    Every arm's ``--epochs`` when it is not ``EPOCHS`` (``0``: not asked). A loop's are its callback's, its
-    guide's and, where it has one, its bank's and replay's; a control's are its loop's (it follows the loop's
-    dose) and, where it has a guide, ``--control_draws``; ``dlguard``'s are those of the loops it combines;
-    ``oracle``'s its own. Plain training and the standard augmentations take none besides ``--epochs``.
-    JSON's types (lists, not tuples), as a file read back holds them, so a run and its file label alike.
+    A loop's are its callback's, its guide's and, where it has one, its bank's and replay's; a control's are
+    its loop's (it follows the loop's dose) and, where it has a guide, ``--control_draws``; ``dlguard``'s are
+    those of the loops it combines; ``oracle``'s its own. Plain training and the standard augmentations take
+    none. (``--epochs`` changes every arm alike: the record keeps it apart, and :func:`merge` refuses to mix.)
+
+    Args:
+        arm_name: one of ``ARMS``.
+        setting: the data (object relevancy's loop is the scenes' only).
+
+    Returns:
+        ``{flag: value}``, a callback's own keys sorted (so ``k=50 budget=None`` and ``budget=None k=50`` label
+        alike), in JSON's types (lists, not tuples), as a file read back holds them: a run and its file label alike.
     """
     loop, _, variant = arm_name.partition("-")
     guided = (*GUIDED, *(["metamorphic"] if VIOLATION_GUIDE else []))
@@ -849,13 +858,12 @@ def given_options(arm_name: str, setting: Setting, epochs: int = 0) -> dict[str,
     chosen = {"spread": SPREAD[0] != "cell", "properties": PROPERTIES != ["framework"]}
     chosen |= {"control_draws": CONTROL_DRAWS[0] != "loop", "violation_guide": bool(VIOLATION_GUIDE)}
     values = {"spread": SPREAD[0], "properties": list(PROPERTIES), "control_draws": CONTROL_DRAWS[0]}
-    given = {"epochs": epochs} if epochs and epochs != EPOCHS else {}
-    given |= {
+    given = {
         name: values.get(name, OPTIONS.get(name))
         for name in dict.fromkeys(names)
         if chosen.get(name, bool(OPTIONS.get(name)))
     }
-    return json.loads(json.dumps(given))
+    return json.loads(json.dumps({k: dict(sorted(v.items())) if isinstance(v, dict) else v for k, v in given.items()}))
 
 
 def _flags(options: dict[str, Any]) -> str:
@@ -890,10 +898,15 @@ def summarise(results: dict[str, list[dict]]) -> list[str]:
         )  # no plain arm: seconds
         lines.append(f"| {_label(arm, runs)} | " + " | ".join(cells) + f" | {time} |")
     every = [run for runs in results.values() for run in runs]
-    where = sorted({f"{run['threads']} thread(s) on {run['accelerator']}" for run in every if "threads" in run})
+    where = sorted({_where(run) for run in every})
     if len(where) > 1:  # a merged file: a fit time's ratio mixes machines' loads
         lines.append(f"(fit times from runs with {' and '.join(where)}: their ratios compare only roughly)")
     return lines
+
+
+def _where(run: dict) -> str:
+    """Where a run fitted, as far as its record says (files before 2026-11-28 do not)."""
+    return f"{run['threads']} thread(s) on {run['accelerator']}" if "threads" in run else "unrecorded threads"
 
 
 def _label(arm: str, runs: list[dict]) -> str:
@@ -967,8 +980,8 @@ def comparisons(results: dict[str, list[dict]]) -> list[tuple[str, str, list[tup
             pairs.append((together, on, [("mCA", 1), ("pgd", 1)]))
         if results.get("plain"):
             pairs.append((together, "plain", [("clean", 1), ("pgd", 1)]))
-        if results.get("oracle"):  # how much of what there was to gain
-            pairs.append((together, "oracle", [("mCA", 1)]))
+        for oracle in [arm for arm in results if _base(arm) == "oracle" and results[arm]]:  # what there was to gain
+            pairs.append((together, oracle, [("mCA", 1)]))
     return pairs
 
 
@@ -1026,6 +1039,8 @@ def merge(files: list[dict[str, list[dict]]]) -> dict[str, list[dict]]:
         A seed that an arm ran in two files is kept once when the two runs judged alike (every figure but the
         fit time: a rerun of the same deterministic run) and refused otherwise; runs without a ``seed`` (files
         written before runs recorded it) keep their order, and the same such file merged twice is not noticed.
+        Runs of different ``epochs`` are refused (files before 2026-11-28 do not record them; every run quoted
+        in ``docs/closed_loop.md`` trained 6).
     """
     merged: dict[str, list[dict]] = {}
     for results in files:
@@ -1037,11 +1052,14 @@ def merge(files: list[dict[str, list[dict]]]) -> dict[str, list[dict]]:
                 if twin is None:
                     kept.append(run)
                 elif _judged(twin) != _judged(run):
-                    threads = sorted({r["threads"] for r in (twin, run) if "threads" in r})
-                    why = f" (the runs had {' and '.join(map(str, threads))} threads)" if len(threads) > 1 else ""
+                    where = sorted({_where(r) for r in (twin, run)})
+                    why = f" (the runs had {' and '.join(where)})" if len(where) > 1 else ""
                     raise SystemExit(
                         f"--results: arm {key} ran seed {run['seed']} in more than one file, judged otherwise{why}"
                     )
+    epochs = sorted({run["epochs"] for runs in merged.values() for run in runs if "epochs" in run})
+    if len(epochs) > 1:  # every arm of a table trains alike: a run of other epochs is another benchmark
+        raise SystemExit(f"--results: the files' runs trained {' and '.join(map(str, epochs))} epochs; merge one")
     for runs in merged.values():
         seeds = [run["seed"] for run in runs if "seed" in run]
         if len(seeds) == len(runs):
@@ -1099,6 +1117,10 @@ def main() -> None:
         for option in getattr(args, name) or []:
             key, _, value = option.partition("=")
             given[key] = ast.literal_eval(value)
+        try:  # each run's record keeps the flags: refuse now what JSON cannot hold, not after a fit
+            json.dumps(given)
+        except TypeError as error:
+            raise SystemExit(f"--{name}: {error}; give numbers, strings, None, lists or dicts") from None
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     setting = SETTINGS[args.setting]()

@@ -171,9 +171,16 @@ class ErrorGuidedAugmentation(nn.Module):
 
 
 def guide_p(guide: ErrorGuidedAugmentation) -> float:
-    """The probability ``guide`` applies a property to a row, mean over its classes and properties (0 unset).
+    """The probability ``guide`` applies a property to a row, mean over its classes and properties.
 
-    ``strength · mean(proposal)``: what a callback that sets the proposal logs as ``<prefix>/guide_p``.
+    What a callback that sets the proposal logs as ``<prefix>/guide_p``. A row may get several properties,
+    each with its own probability, so the chance it gets any is up to ``len(properties)`` times this.
+
+    Args:
+        guide: the guide whose proposal to read.
+
+    Returns:
+        ``strength · mean(proposal)``; ``0.0`` while no proposal is set.
 
     Example:
         >>> from dlguard.augment import Property

@@ -47,8 +47,9 @@ class FailureReplay(Callback):
 
     Logged at the end of every training epoch (summed over processes, and over the replays of one
     ``Trainer``): ``replay/rows``, the training rows this epoch replaced by stored failures, and
-    ``replay/failures``, the failures the bank holds -- the dose a loop fed back, beside the curves it
-    moved.
+    ``replay/failures``, the failures the bank held when the epoch started (what it replayed from; the
+    epoch's own validation deposits feed the next) -- the dose a loop fed back, beside the curves it moved.
+    A run resumed from a checkpoint saved inside an epoch counts that epoch's rows from the resumption.
 
     The bank is part of this callback's checkpoint state. Under DDP each process keeps and replays
     the failures found on its own shard; a checkpoint holds rank zero's bank and generator, and after
@@ -94,6 +95,7 @@ class FailureReplay(Callback):
         self.accessor = BatchAccessor(batch_keys)
         self.replayed = 0
         self._replayed_at_epoch_start = 0
+        self._held_at_epoch_start = 0
         self._own = RankGenerator(seed)
         self._checked_version = -1
 
@@ -104,10 +106,11 @@ class FailureReplay(Callback):
         self._own.start(trainer.global_rank, self.replayed)  # a checkpoint holds rank zero's generator
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._replayed_at_epoch_start = self.replayed
+        self._replayed_at_epoch_start, self._held_at_epoch_start = self.replayed, len(self.bank)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        dose = {"replay/rows": self.replayed - self._replayed_at_epoch_start, "replay/failures": len(self.bank)}
+        rows = self.replayed - self._replayed_at_epoch_start
+        dose = {"replay/rows": rows, "replay/failures": self._held_at_epoch_start}
         for name, value in dose.items():  # a sum: over the processes' shards, and over two replays' banks
             pl_module.log(name, float(value), on_step=False, on_epoch=True, reduce_fx="sum", sync_dist=True)
 

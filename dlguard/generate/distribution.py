@@ -255,18 +255,21 @@ class VAEDistribution(GlobalDistribution):
         return super().to(device)
 
 
-def _exact_solver(n: int, features: int, components: int) -> str:
+def _pca_solver(n: int, features: int, components: int) -> str:
     """A PCA solver exact (to ARPACK's tolerance) and deterministic, chosen by cost.
 
     ARPACK's Lanczos iteration (from scikit-learn's seeded start vector) finds the leading ``components``
     alone: 2,000 of dlguard's RGB 32x32 scenes (3,072 features) in 1.6 s on one CPU thread, where the
     covariance's eigendecomposition took 5.3 s and grows with the cube of the features; the same scenes at
-    64x64 in 6.2 s. Its components match the eigendecomposition's to within ``3e-9`` (cosine). It needs
-    ``components < min(n, features)``; at that bound the covariance's eigendecomposition (scikit-learn 1.5+)
-    or the full SVD.
+    64x64 in 6.2 s. Its components match the eigendecomposition's to about ``1e-8`` (``1 − |cos|``). It
+    needs ``components < min(n, features)``; at that bound, and for inputs ARPACK cannot start on (no
+    variance at all), :func:`_exact_solver`.
     """
-    if components < min(n, features):
-        return "arpack"
+    return "arpack" if components < min(n, features) else _exact_solver()
+
+
+def _exact_solver() -> str:
+    """The covariance's eigendecomposition when scikit-learn has it (1.5+), else the full SVD."""
     import sklearn
 
     major, minor = (int(part) for part in sklearn.__version__.split(".")[:2])
@@ -330,8 +333,13 @@ class PCADistribution(GlobalDistribution):
                 f"min({n}, {features}) = {min(n, features)}"
             )
         flat = inputs.detach().reshape(n, -1).cpu().to(torch.float64).numpy()
-        solver = _exact_solver(n, features, self.n_components)
-        pca = PCA(n_components=self.n_components, svd_solver=solver, random_state=0).fit(flat)
+        from scipy.sparse.linalg import ArpackError
+
+        try:
+            pca = PCA(self.n_components, svd_solver=_pca_solver(n, features, self.n_components), random_state=0)
+            pca.fit(flat)
+        except ArpackError:  # no variance to start the iteration on (constant inputs): the exact solver copes
+            pca = PCA(self.n_components, svd_solver=_exact_solver()).fit(flat)
         dtype = inputs.dtype
         self._feature_shape = tuple(inputs.shape[1:])
         array = np.ascontiguousarray  # ARPACK's components and variances come in reversed views

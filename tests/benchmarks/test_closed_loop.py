@@ -281,8 +281,8 @@ def test_the_relevancy_control_follows_its_loop_s_dose(monkeypatch: pytest.Monke
     assert sum(deposits.values()) > 0 and all(n % 3 == 0 for n in deposits.values())  # 3 backgrounds per digit
     assert {e: n for e, n in deposits.items() if n} == control["dose"]["deposits"]
     assert control["replayed"] == measured["replayed"] > 0
-    assert measured["options"] == control["options"] == {"epochs": 3, "relevancy": options}  # the flags, recorded
-    assert (measured["threads"], measured["accelerator"]) == (torch.get_num_threads(), "cpu")  # and where it ran
+    assert measured["options"] == control["options"] == {"relevancy": dict(sorted(options.items()))}  # recorded
+    assert (measured["threads"], measured["accelerator"], measured["epochs"]) == (torch.get_num_threads(), "cpu", 3)
 
 
 def test_a_run_records_the_flags_other_than_the_defaults_that_changed_it(
@@ -315,8 +315,9 @@ def test_a_run_records_the_flags_other_than_the_defaults_that_changed_it(
         **metamorphic, "violation_guide": {}, "spread": "even", **bank, "control_draws": "global"
     }  # fmt: skip
     monkeypatch.setattr(cl, "COMBINED", ["dscore"])
-    assert cl.given_options("dlguard", setting) == cl.given_options("dlguard", setting, cl.EPOCHS) == {}
-    assert cl._flags(cl.given_options("plain", setting, 3)) == "--epochs 3"  # every arm's, when not the default
+    assert cl.given_options("dlguard", setting) == {}
+    monkeypatch.setitem(cl.OPTIONS, "hda", {"k": 50, "budget": None})  # keys sorted: either order labels alike
+    assert cl._flags(cl.given_options("hda", setting)) == "--hda budget=None k=50 --bank capacity=1024"
     flags = "--spread even --bank capacity=1024 --hda radius=[0.1] --metamorphic budget=None"
     assert cl._flags(expected["dlguard"]) == flags  # as the command line gives them, so the tables name them
 
@@ -457,10 +458,18 @@ def test_results_of_several_processes_merge_into_one_file_by_arm_and_seed() -> N
     assert cl.merge([{"plain": [{"mCA": 0.5}, {"mCA": 0.6}]}])["plain"] == [{"mCA": 0.5}, {"mCA": 0.6}]
     with pytest.raises(SystemExit, match="plain ran seed 2 in more than one file"):
         cl.merge([first, {"plain": [{"seed": 2, "mCA": 0.7}]}])
-    one, two = ({"seed": 1, "mCA": mca, "threads": n, "seconds": n} for mca, n in ((0.66, 2), (0.67, 1)))
-    with pytest.raises(SystemExit, match=r"plain ran seed 1 .* judged otherwise \(the runs had 1 and 2 threads\)"):
+    runs = [
+        {"seed": 1, "mCA": mca, "threads": n, "accelerator": "cpu", "seconds": n} for mca, n in ((0.66, 2), (0.67, 1))
+    ]
+    one, two = runs
+    with pytest.raises(SystemExit, match=r"plain ran seed 1 .* judged otherwise \(the runs had 1 thread\(s\) on cpu "):
         cl.merge([{"plain": [one]}, {"plain": [two]}])  # CPU fits differ with the thread count: the message says so
     assert cl.merge([{"plain": [one]}, {"plain": [{**one, "threads": 1}]}])["plain"] == [one]  # alike: kept once
+    gpu = {**one, "mCA": 0.68, "accelerator": "gpu"}
+    with pytest.raises(SystemExit, match=r"\(the runs had 2 thread\(s\) on cpu and 2 thread\(s\) on gpu\)"):
+        cl.merge([{"plain": [one]}, {"plain": [gpu]}])
+    with pytest.raises(SystemExit, match="the files' runs trained 3 and 6 epochs; merge one"):
+        cl.merge([{"plain": [{**one, "epochs": 6}]}, {"noise": [{**one, "epochs": 3}]}])
 
 
 def test_files_of_other_runs_merge_with_their_dlguard_arms_apart_and_pair_on_request() -> None:
@@ -549,3 +558,17 @@ def test_the_oracle_puts_a_fraction_of_the_images_through_the_judge_s_corruption
     assert torch.equal(again, out) and not torch.equal(cl.REFERENCES["oracle"](1)(x), out)
     with pytest.raises(ValueError, match="fraction"):
         _corruptions.random_corruption(fraction=1.5)
+
+
+def test_flags_json_cannot_keep_are_refused_before_any_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(cl.OPTIONS, "hda", {})
+    monkeypatch.setattr(sys, "argv", ["closed_loop.py", "--arms", "hda", "--hda", "k=50", "radius={0.1}"])
+    monkeypatch.setattr(cl, "SETTINGS", {"mnist": lambda: pytest.fail("a setting was built")})
+    with pytest.raises(SystemExit, match=r"--hda: Object of type set is not JSON serializable"):
+        cl.main()
+
+
+def test_the_loops_meet_the_oracle_of_any_flags() -> None:
+    oracle = {"seed": 0, "mCA": 0.9, "options": {"oracle": {"fraction": 0.25}}}
+    merged = cl.merge([{"dlguard": [{"seed": 0, "mCA": 0.8}]}, {"oracle": [oracle]}])
+    assert cl.paired(merged)[2:] == ["| dlguard − oracle [--oracle fraction=0.25] | mCA | -0.100 ± nan | 0 of 1 |"]

@@ -296,13 +296,19 @@ def test_training_replays_each_failure_once_an_epoch_by_default(tmp_path: Path) 
 def test_each_epoch_logs_the_rows_replayed_and_the_failures_held_summed_over_replays(tmp_path: Path) -> None:
     first = FailureReplay(bank_of(list(range(150, 158))))  # 8 failures, 4 batches of 8: 2 rows a batch
     second = FailureReplay(bank_of([190, 191, 192, 193]), fraction=0.5, seed=1)  # 4 failures: 1 row a batch
-    trainer = quick_trainer(tmp_path, [first, second], epochs=2, train_batches=4, val_batches=0)
+
+    class Deposit(L.Callback):  # as a measurement at the epoch's end: the next epoch replays from 16 of them
+        def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            first.bank.add(torch.full((4, *SHAPE), 170.0), torch.full((4,), 170), origin="hda")
+
+    trainer = quick_trainer(tmp_path, [Deposit(), first, second], epochs=2, train_batches=4, val_batches=0)
     trainer.fit(Recording())
     with (tmp_path / "metrics.csv").open() as handle:
         rows = [row for row in csv.DictReader(handle) if row.get("replay/rows")]
-    # by hand: each epoch 4 batches x (2 + 1) rows; the banks hold 8 + 4; the counters agree over both epochs
+    # by hand: epoch 0, 4 batches x (2 + 1) rows from 8 + 4 failures; epoch 1, 12 failures in the first bank,
+    # 3 rows a batch (capped at a quarter of 8: 2) plus 1 -> 12 rows from 16 failures; the counters agree
     assert [(int(row["epoch"]), float(row["replay/rows"]), float(row["replay/failures"])) for row in rows] == [
         (0, 12.0, 12.0),
-        (1, 12.0, 12.0),
+        (1, 12.0, 16.0),
     ]
     assert first.replayed + second.replayed == 24
