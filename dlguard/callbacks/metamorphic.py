@@ -93,7 +93,7 @@ class MetamorphicCallback(ProbeCallback):
     (``budget=None``: on ``mnist_a`` the loop then leaves a violation rate of 0.055, against 0.093 after
     random transformations at the same dose, and lifts corruption accuracy 3.7 points over plain training, at
     about 2x its fit time; docs/closed_loop.md, "Measuring every epoch"). On the RGB scenes, among all
-    five loops added to AugMix, it changed nothing (two seeds on CPU; docs/closed_loop.md, "RGB scenes, ResNet-18").
+    five loops added to AugMix, it changed nothing (three seeds on CPU; docs/closed_loop.md, "RGB scenes, ResNet-18").
 
     With a ``guide`` (classification), each measurement also tells which transformations fail for which
     class: the guide, an :class:`~dlguard.augment.ErrorGuidedAugmentation` over the same properties,
