@@ -180,8 +180,7 @@ class ObjectRelevancyCallback(ProbeCallback):
             except (KeyError, IndexError, TypeError):
                 raise ValueError(
                     f"masks: cannot read the object masks at key {self.masks!r} from {describe_batch(batch)}; "
-                    "pass masks=<key> "
-                    "or a callable images -> masks (B, H, W)"
+                    "pass masks=<key> or a callable images -> masks (B, H, W)"
                 ) from None
         if not isinstance(masks, Tensor):
             raise ValueError(f"masks: expected a tensor (B, H, W), got {type(masks).__name__}")

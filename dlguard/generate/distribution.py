@@ -259,9 +259,10 @@ def _pca_solver(n: int, features: int, components: int) -> str:
     """A PCA solver exact (to ARPACK's tolerance) and deterministic, chosen by cost.
 
     ARPACK's Lanczos iteration (from scikit-learn's seeded start vector) finds the leading ``components``
-    alone: 2,000 of dlguard's RGB 32x32 scenes (3,072 features) in 1.6 s on one CPU thread, where the
-    covariance's eigendecomposition took 5.3 s and grows with the cube of the features; the same scenes at
-    64x64 in 6.2 s. Its components match the eigendecomposition's to about ``1e-8`` (``1 − |cos|``). It
+    alone: 2,000 of dlguard's RGB 32x32 scenes (3,072 features) in 1.7 s on one CPU thread, where the
+    covariance's eigendecomposition took 5.6 s and grows with the cube of the features; the same scenes at
+    64x64 in 6.2 s (``benchmarks/pca_distribution.py``). Its components match the eigendecomposition's to
+    about ``1e-8`` (``1 − |cos|``). It
     needs ``components < min(n, features)``; at that bound, and for inputs ARPACK cannot start on (no
     variance at all), :func:`_exact_solver`.
     """
