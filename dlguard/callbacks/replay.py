@@ -48,7 +48,8 @@ class FailureReplay(Callback):
     Logged at the end of every training epoch (summed over processes, and over the replays of one
     ``Trainer``): ``replay/rows``, the training rows this epoch replaced by stored failures, and
     ``replay/failures``, the failures the bank held when the epoch started (what it replayed from; the
-    epoch's own validation deposits feed the next) -- the dose a loop fed back, beside the curves it moved.
+    epoch's own validation deposits feed the next; a bank two replays share counted once) -- the dose a
+    loop fed back, beside the curves it moved.
     A run resumed from a checkpoint saved inside an epoch counts that epoch's rows from the resumption.
 
     The bank is part of this callback's checkpoint state. Under DDP each process keeps and replays
@@ -110,7 +111,9 @@ class FailureReplay(Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         rows = self.replayed - self._replayed_at_epoch_start
-        dose = {"replay/rows": rows, "replay/failures": self._held_at_epoch_start}
+        sharing = [c for c in trainer.callbacks if isinstance(c, FailureReplay) and c.bank is self.bank]
+        held = self._held_at_epoch_start if not sharing or sharing[0] is self else 0  # a shared bank counts once
+        dose = {"replay/rows": rows, "replay/failures": held}
         for name, value in dose.items():  # a sum: over the processes' shards, and over two replays' banks
             pl_module.log(name, float(value), on_step=False, on_epoch=True, reduce_fx="sum", sync_dist=True)
 

@@ -312,3 +312,12 @@ def test_each_epoch_logs_the_rows_replayed_and_the_failures_held_summed_over_rep
         (1, 12.0, 16.0),
     ]
     assert first.replayed + second.replayed == 24
+
+
+def test_a_bank_two_replays_share_is_counted_once(tmp_path: Path) -> None:
+    shared = bank_of(list(range(150, 158)))  # 8 failures, 4 batches of 8: 2 rows a batch from each replay
+    replays = [FailureReplay(shared), FailureReplay(shared, seed=1)]
+    quick_trainer(tmp_path, replays, epochs=1, train_batches=4, val_batches=0).fit(Recording())
+    with (tmp_path / "metrics.csv").open() as handle:
+        (row,) = [row for row in csv.DictReader(handle) if row.get("replay/rows")]
+    assert (float(row["replay/rows"]), float(row["replay/failures"])) == (16.0, 8.0)  # rows from both, bank once
