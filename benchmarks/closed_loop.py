@@ -6,7 +6,7 @@
                                      [--hda|--robustness|--metamorphic|--dscore|--relevancy KEY=VALUE ...]
                                      [--replay|--bank|--guide|--padding|--oracle KEY=VALUE ...]
                                      [--violation_guide [KEY=VALUE ...]] [--spread cell|property|even]
-                                     [--properties framework|label_preserving|deeptest_roads ...]
+                                     [--properties framework|label_preserving|deeptest_roads|capture ...]
                                      [--control_draws loop|global] [--on augmix|trivialaugment|randaugment|noise]
     python benchmarks/closed_loop.py --results results.json   # the tables of a file written by --out
     python benchmarks/closed_loop.py --results part1.json part2.json --out merged.json  # one file of several

@@ -14,6 +14,8 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
+import torch.nn.functional as F
+from kornia.enhance import adjust_contrast_with_mean_subtraction
 from torch import Tensor
 
 from dlguard.augment.functional.blur import gaussian_blur
@@ -21,7 +23,7 @@ from dlguard.augment.functional.geometric import rotation, scaling, shearing, tr
 from dlguard.augment.functional.photometric import brightness_shift, contrast
 from dlguard.augment.properties import Property, deeptest_properties, default_properties
 
-__all__ = ["PROPERTY_PRESETS", "label_preserving_properties", "property_preset"]
+__all__ = ["PROPERTY_PRESETS", "capture_properties", "label_preserving_properties", "property_preset"]
 
 
 def _translation_of_side(images: Tensor, fraction: Tensor) -> Tensor:
@@ -71,10 +73,56 @@ def label_preserving_properties() -> list[Property]:
     ]
 
 
+def _reduced_contrast(images: Tensor, reduction: Tensor) -> Tensor:
+    """Contrast about each image's mean grey level scaled by ``1 - reduction`` (kornia's mean-subtracting one)."""
+    return adjust_contrast_with_mean_subtraction(images, (1 - reduction).to(images.dtype))
+
+
+def _lower_resolution(images: Tensor, loss: Tensor) -> Tensor:
+    """Each image averaged down to ``1 - loss`` of its side and scaled back up by nearest neighbour: pixelation."""
+    height, width = images.shape[-2:]
+    out = images.clone()
+    for value in loss.unique().tolist():  # one host sync; a sweep applies one level per call
+        rows = loss == value
+        size = (max(1, round(height * (1 - value))), max(1, round(width * (1 - value))))
+        small = F.interpolate(images[rows], size=size, mode="area")
+        out[rows] = F.interpolate(small, size=(height, width), mode="nearest")
+    return out
+
+
+def capture_properties() -> list[Property]:
+    """Degradations of the capture itself, none of them in DeepTest's set: a flat exposure, defocus, a coarse sensor.
+
+    Contrast about each image's mean grey level lowered by 20-70 % (DeepTest's ``contrast`` only
+    raises a gain ``α·x``), Gaussian blur of ``σ`` 2-6 % of the side (the label-preserving preset stops
+    at 3 %), and pixelation to 75-40 % of the side: 10 transformed copies of each input. Limits scale
+    with the image, as :func:`label_preserving_properties`' do. Pass it beside another preset, e.g. to
+    the benchmark's robustness loop as ``--properties framework capture``. All need images
+    ``(B, C, H, W)`` in ``[0, 1]`` and draw no random numbers.
+
+    Example:
+        >>> import torch
+        >>> [(p.name, p.levels[-1]) for p in capture_properties()]
+        [('reduced_contrast', 0.7), ('defocus', 0.06), ('low_resolution', 0.6)]
+        >>> flat, _, coarse = capture_properties()
+        >>> ramp = torch.linspace(0, 1, 8).expand(1, 1, 8, 8)  # a grey ramp, mean 0.5
+        >>> [round(v, 3) for v in flat(ramp, 0.5)[0, 0, 0, ::7].tolist()]  # half the contrast about the mean
+        [0.25, 0.75]
+        >>> coarse(ramp, 0.5)[0, 0, 0].tolist()  # 8 pixels averaged to 4, each shown twice
+        [0.0714..., 0.0714..., 0.3571..., 0.3571..., 0.6428..., 0.6428..., 0.9285..., 0.9285...]
+    """
+    return [
+        Property("reduced_contrast", _reduced_contrast, (0.2, 0.4, 0.6, 0.7), deterministic=True),
+        Property("defocus", _gaussian_blur_of_side, (0.02, 0.04, 0.06), deterministic=True),
+        Property("low_resolution", _lower_resolution, (0.25, 0.5, 0.6), deterministic=True),
+    ]
+
+
 PROPERTY_PRESETS: dict[str, Callable[[], list[Property]]] = {
     "label_preserving": label_preserving_properties,
     "deeptest_roads": deeptest_properties,
     "framework": default_properties,
+    "capture": capture_properties,
 }
 """Preset name -> the function making its property list (a fresh list each call)."""
 
@@ -85,7 +133,8 @@ def property_preset(name: object, argument: str = "properties") -> list[Property
     - ``"label_preserving"``: :func:`label_preserving_properties`, limits relative to the image;
     - ``"deeptest_roads"``: :func:`~dlguard.augment.deeptest_properties`, DeepTest's Table 4 for
       640x480 road frames, plus fog and rain;
-    - ``"framework"``: :func:`~dlguard.augment.default_properties`, the comprehensive framework's trio.
+    - ``"framework"``: :func:`~dlguard.augment.default_properties`, the comprehensive framework's trio;
+    - ``"capture"``: :func:`capture_properties`, lowered contrast, defocus and pixelation.
 
     Raises:
         ValueError: naming ``argument``, for a name that is not a preset.

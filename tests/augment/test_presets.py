@@ -1,9 +1,17 @@
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 import torch
 
-from dlguard.augment import PROPERTY_PRESETS, deeptest_properties, label_preserving_properties, property_preset
+from dlguard.augment import (
+    PROPERTY_PRESETS,
+    capture_properties,
+    deeptest_properties,
+    label_preserving_properties,
+    property_preset,
+)
 from tests.quick import mnist_validation
 
 
@@ -32,10 +40,14 @@ def test_label_preserving_geometry_keeps_every_digit_in_the_frame_and_deeptest_s
     assert float(ink_kept(table["shear"], digits, table["shear"].levels[-1]).median()) < 0.6
 
 
-@pytest.mark.parametrize("name", ["translation", "gaussian_blur"])
-def test_limits_are_relative_to_the_image(name: str) -> None:
+@pytest.mark.parametrize(
+    ("preset", "name"),
+    [(label_preserving_properties, "translation"), (label_preserving_properties, "gaussian_blur"),
+     (capture_properties, "defocus")],
+)  # fmt: skip
+def test_limits_are_relative_to_the_image(preset, name: str) -> None:
     """The same level moves (blurs) a point by the same share of the side on a 32- and a 64-pixel image."""
-    prop = by_name(label_preserving_properties())[name]
+    prop = by_name(preset())[name]
     level = prop.levels[-1]
     shares = []
     for side in (32, 64):
@@ -57,7 +69,8 @@ def test_limits_are_relative_to_the_image(name: str) -> None:
 def test_presets_are_named_and_an_unknown_name_lists_them() -> None:
     assert [p.name for p in property_preset("deeptest_roads")] == [p.name for p in deeptest_properties()]
     assert sum(len(p.levels) for p in property_preset("label_preserving")) == 36
-    assert list(PROPERTY_PRESETS) == ["label_preserving", "deeptest_roads", "framework"]
+    assert list(PROPERTY_PRESETS) == ["label_preserving", "deeptest_roads", "framework", "capture"]
+    assert [p.name for p in property_preset("capture")] == ["reduced_contrast", "defocus", "low_resolution"]
     with pytest.raises(ValueError, match=r"transformations: no preset named 'roads'; choose from \['label_preserving'"):
         property_preset("roads", argument="transformations")
     with pytest.raises(ValueError, match="properties: no preset named 3"):
@@ -71,3 +84,36 @@ def test_weather_is_keyed_and_mild() -> None:
     for prop in weather.values():
         assert prop.keyed and prop.levels == (1.0, 2.0)
         assert torch.equal(prop(images, 2.0, keys)[1:], prop(images[1:], 2.0, keys[1:]))  # each input by its key
+
+
+def test_reduced_contrast_pulls_each_image_towards_its_own_mean_grey_level() -> None:
+    images = torch.rand(3, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    images[2] *= 0.2  # a dark image: its mean grey level, not 0.5, is the fixed point
+    reduction = torch.tensor([0.2, 0.7, 0.7])
+    grey = (0.299 * images[:, 0] + 0.587 * images[:, 1] + 0.114 * images[:, 2]).mean((1, 2)).view(3, 1, 1, 1)
+    expected = grey + (1 - reduction).view(3, 1, 1, 1) * (images - grey)  # no clamp needed: it only shrinks
+    prop = by_name(capture_properties())["reduced_contrast"]
+    assert torch.allclose(prop(images, reduction), expected, atol=1e-6)
+    assert float(prop(images, 0.7)[2].max()) < 0.2  # the dark image stays dark
+
+
+def test_low_resolution_is_block_averaging_shown_at_full_size() -> None:
+    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    prop = by_name(capture_properties())["low_resolution"]
+    blocks = images.reshape(2, 3, 16, 2, 16, 2).mean((3, 5))  # loss 0.5: 2x2 blocks
+    expected = blocks.repeat_interleave(2, -2).repeat_interleave(2, -1)
+    assert torch.allclose(prop(images, 0.5), expected, atol=1e-6)
+    mixed = prop(images, torch.tensor([0.5, 0.25]))  # one level per input, as a sweep calls it
+    assert torch.equal(mixed[:1], prop(images[:1], 0.5)) and torch.equal(mixed[1:], prop(images[1:], 0.25))
+    for level, rows in zip(prop.levels, (24, 16, 13), strict=True):  # distinct rows left of a 32-row image
+        assert len(prop(images, level)[0, 0].unique(dim=0)) == rows
+
+
+def test_capture_degradations_grow_with_their_level_and_keep_the_range(digits) -> None:
+    for prop in capture_properties():
+        if prop.name != "low_resolution":  # its rows lost grow instead (above); misaligned blocks change pixels more
+            change = [float((prop(digits, level) - digits).abs().mean()) for level in prop.levels]
+            assert all(b > a for a, b in pairwise(change)), (prop.name, change)
+        out = prop(digits, prop.levels[-1])
+        assert out.shape == digits.shape and out.dtype == digits.dtype
+        assert float(out.min()) >= 0.0 and float(out.max()) <= 1.0
