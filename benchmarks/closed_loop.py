@@ -1006,11 +1006,13 @@ def paired(results: dict[str, list[dict]], extra: Sequence[tuple[str, str]] = ()
         raise SystemExit(f"--pair: no arm {arm!r} in the results; they hold {list(results)}")
     chosen = [*comparisons(results), *((a, b, [("clean", 1), ("mCA", 1), ("pgd", 1)]) for a, b in extra)]
     lines = ["| arm − reference | measure | mean difference ± s.e. | seeds better |", "|---|---|---|---|"]
+    shown = set()
     for arm, reference, measures in chosen:
         for measure, direction in measures:
             diffs = [a[measure] - b[measure] for a, b in _same_seeds(results[arm], results[reference], measure)]
-            if not diffs:
+            if not diffs or (arm, reference, measure) in shown:  # a --pair that repeats a comparison adds no row
                 continue
+            shown.add((arm, reference, measure))
             error = stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
             better = sum(direction * d > 0 for d in diffs)
             arrow = " ↓" if direction < 0 else ""

@@ -382,6 +382,13 @@ def test_the_paired_table_differences_each_seed_s_runs() -> None:
         "| dlguard − plain | pgd | +0.000 ± 0.020 | 1 of 2 |",  # +0.02, -0.02
         "| dlguard − oracle | mCA | -0.075 ± 0.005 | 0 of 2 |",  # -0.07, -0.08
     ]
+    # a --pair repeating a comparison adds no row (augmix records no clean accuracy: nothing new to add)
+    assert cl.paired(results, [("dlguard", "augmix")])[2:] == rows
+    plus_clean = {**results, "augmix": [{**run, "clean": 0.95} for run in results["augmix"]]}
+    assert cl.paired(plus_clean, [("dlguard", "augmix")])[2:] == [
+        *rows,
+        "| dlguard − augmix | clean | -0.035 ± 0.005 | 0 of 2 |",
+    ]
 
 
 def test_the_paired_table_pairs_runs_by_seed_where_they_record_it() -> None:
