@@ -1000,13 +1000,13 @@ def paired(results: dict[str, list[dict]], extra: Sequence[tuple[str, str]] = ()
 
     Runs are paired by their ``seed``; files written before runs recorded it pair the i-th runs (``main``
     runs every arm of a seed before the next seed). ``extra`` pairs ``(arm, reference)`` (``--pair``) follow
-    :func:`comparisons`' on clean accuracy, mCA and PGD.
+    :func:`comparisons`' on clean accuracy, mCA and PGD; a measure of a pair already shown is not repeated.
     """
     for arm in {name for pair in extra for name in pair} - set(results):
         raise SystemExit(f"--pair: no arm {arm!r} in the results; they hold {list(results)}")
     chosen = [*comparisons(results), *((a, b, [("clean", 1), ("mCA", 1), ("pgd", 1)]) for a, b in extra)]
     lines = ["| arm − reference | measure | mean difference ± s.e. | seeds better |", "|---|---|---|---|"]
-    shown = set()
+    shown: set[tuple[str, str, str]] = set()
     for arm, reference, measures in chosen:
         for measure, direction in measures:
             diffs = [a[measure] - b[measure] for a, b in _same_seeds(results[arm], results[reference], measure)]

@@ -14,13 +14,13 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
-import torch.nn.functional as F
-from kornia.enhance import adjust_contrast_with_mean_subtraction
 from torch import Tensor
 
+from dlguard.augment.functional._params import by_level
 from dlguard.augment.functional.blur import gaussian_blur
 from dlguard.augment.functional.geometric import rotation, scaling, shearing, translation
-from dlguard.augment.functional.photometric import brightness_shift, contrast
+from dlguard.augment.functional.photometric import brightness_shift, contrast, reduced_contrast
+from dlguard.augment.functional.resolution import pixelate
 from dlguard.augment.properties import Property, deeptest_properties, default_properties
 
 __all__ = ["PROPERTY_PRESETS", "capture_properties", "label_preserving_properties", "property_preset"]
@@ -34,12 +34,12 @@ def _translation_of_side(images: Tensor, fraction: Tensor) -> Tensor:
 def _gaussian_blur_of_side(images: Tensor, fraction: Tensor) -> Tensor:
     """Gaussian blur of ``σ = fraction ·`` the image's shorter side (kernel ``2·⌈3σ⌉ + 1``, at least 3)."""
     side = min(images.shape[-2:])
-    blurred = images.clone()
-    for value in fraction.unique().tolist():  # one host sync; a sweep applies one level per call
+
+    def blur(rows: Tensor, value: float) -> Tensor:
         sigma = value * side
-        rows = fraction == value
-        blurred[rows] = gaussian_blur(images[rows], max(3, 2 * math.ceil(3 * sigma) + 1), sigma=sigma)
-    return blurred
+        return gaussian_blur(rows, max(3, 2 * math.ceil(3 * sigma) + 1), sigma=sigma)
+
+    return by_level(images, fraction, blur)
 
 
 def label_preserving_properties() -> list[Property]:
@@ -73,23 +73,6 @@ def label_preserving_properties() -> list[Property]:
     ]
 
 
-def _reduced_contrast(images: Tensor, reduction: Tensor) -> Tensor:
-    """Contrast about each image's mean grey level scaled by ``1 - reduction`` (kornia's mean-subtracting one)."""
-    return adjust_contrast_with_mean_subtraction(images, (1 - reduction).to(images.dtype))
-
-
-def _lower_resolution(images: Tensor, loss: Tensor) -> Tensor:
-    """Each image averaged down to ``1 - loss`` of its side and scaled back up by nearest neighbour: pixelation."""
-    height, width = images.shape[-2:]
-    out = images.clone()
-    for value in loss.unique().tolist():  # one host sync; a sweep applies one level per call
-        rows = loss == value
-        size = (max(1, round(height * (1 - value))), max(1, round(width * (1 - value))))
-        small = F.interpolate(images[rows], size=size, mode="area")
-        out[rows] = F.interpolate(small, size=(height, width), mode="nearest")
-    return out
-
-
 def capture_properties() -> list[Property]:
     """Degradations of the capture itself, none of them in DeepTest's set: a flat exposure, defocus, a coarse sensor.
 
@@ -108,13 +91,13 @@ def capture_properties() -> list[Property]:
         >>> ramp = torch.linspace(0, 1, 8).expand(1, 1, 8, 8)  # a grey ramp, mean 0.5
         >>> [round(v, 3) for v in flat(ramp, 0.5)[0, 0, 0, ::7].tolist()]  # half the contrast about the mean
         [0.25, 0.75]
-        >>> coarse(ramp, 0.5)[0, 0, 0].tolist()  # 8 pixels averaged to 4, each shown twice
-        [0.0714..., 0.0714..., 0.3571..., 0.3571..., 0.6428..., 0.6428..., 0.9285..., 0.9285...]
+        >>> [round(v, 3) for v in coarse(ramp, 0.5)[0, 0, 0].tolist()]  # 8 pixels averaged to 4, each shown twice
+        [0.071, 0.071, 0.357, 0.357, 0.643, 0.643, 0.929, 0.929]
     """
     return [
-        Property("reduced_contrast", _reduced_contrast, (0.2, 0.4, 0.6, 0.7), deterministic=True),
+        Property("reduced_contrast", reduced_contrast, (0.2, 0.4, 0.6, 0.7), deterministic=True),
         Property("defocus", _gaussian_blur_of_side, (0.02, 0.04, 0.06), deterministic=True),
-        Property("low_resolution", _lower_resolution, (0.25, 0.5, 0.6), deterministic=True),
+        Property("low_resolution", pixelate, (0.25, 0.5, 0.6), deterministic=True),
     ]
 
 

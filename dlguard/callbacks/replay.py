@@ -61,8 +61,8 @@ class FailureReplay(Callback):
         fraction: the most of a batch replaced, in ``[0, 1]`` (with ``repeats=None``: the share of every batch).
         repeats: replays of each stored failure per training epoch, on average (``> 0``), or ``None``.
         batch_keys: ``(inputs key, target key)`` or a callable ``batch -> (inputs, target)``.
-        seed: seed of the draws (each process adds its rank); two replays in one ``Trainer`` (one per bank)
-            need different seeds, doses or fractions, which their checkpoint keys tell apart.
+        seed: seed of the draws (each process adds its rank); two replays in one ``Trainer`` (one bank each,
+            or sharing one) need different seeds, doses or fractions, which their checkpoint keys tell apart.
 
     Example:
         >>> import torch

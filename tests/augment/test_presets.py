@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import pairwise
 
 import pytest
@@ -45,7 +46,7 @@ def test_label_preserving_geometry_keeps_every_digit_in_the_frame_and_deeptest_s
     [(label_preserving_properties, "translation"), (label_preserving_properties, "gaussian_blur"),
      (capture_properties, "defocus")],
 )  # fmt: skip
-def test_limits_are_relative_to_the_image(preset, name: str) -> None:
+def test_limits_are_relative_to_the_image(preset: Callable[[], list], name: str) -> None:
     """The same level moves (blurs) a point by the same share of the side on a 32- and a 64-pixel image."""
     prop = by_name(preset())[name]
     level = prop.levels[-1]
@@ -107,6 +108,8 @@ def test_low_resolution_is_block_averaging_shown_at_full_size() -> None:
     assert torch.equal(mixed[:1], prop(images[:1], 0.5)) and torch.equal(mixed[1:], prop(images[1:], 0.25))
     for level, rows in zip(prop.levels, (24, 16, 13), strict=True):  # distinct rows left of a 32-row image
         assert len(prop(images, level)[0, 0].unique(dim=0)) == rows
+    large = torch.rand(1, 1, 64, 64, generator=torch.Generator().manual_seed(3))  # the same share of any side
+    assert len(prop(large, 0.5)[0, 0].unique(dim=0)) == 32 and prop(large, 0.5)[0, 0].unique(dim=1).shape[1] == 32
 
 
 def test_capture_degradations_grow_with_their_level_and_keep_the_range(digits) -> None:
@@ -117,3 +120,24 @@ def test_capture_degradations_grow_with_their_level_and_keep_the_range(digits) -
         out = prop(digits, prop.levels[-1])
         assert out.shape == digits.shape and out.dtype == digits.dtype
         assert float(out.min()) >= 0.0 and float(out.max()) <= 1.0
+
+
+@pytest.mark.parametrize("name", ["reduced_contrast", "low_resolution"])
+def test_capture_degradations_refuse_what_is_not_an_image_batch_in_range(name: str) -> None:
+    prop = by_name(capture_properties())[name]
+    images = torch.rand(2, 3, 8, 8)
+    with pytest.raises(ValueError, match="images: contains NaN"):
+        prop(images.clone().index_fill_(0, torch.tensor([1]), float("nan")), 0.5)
+    with pytest.raises(ValueError, match="images: expected values in"):
+        prop(images * 3, 0.5)
+    with pytest.raises(ValueError, match="images: expected floating-point values"):
+        prop((images * 255).to(torch.uint8), 0.5)
+    # a level given as float64 for float32 images (as a user's table may be) is the same level
+    assert torch.equal(prop(images, torch.tensor([0.5, 0.5], dtype=torch.float64)), prop(images, 0.5))
+
+
+def test_pixelate_refuses_a_loss_outside_its_range() -> None:
+    from dlguard.augment.functional import pixelate
+
+    with pytest.raises(ValueError, match=r"loss: expected values in \[0, 1\), got 1.0"):
+        pixelate(torch.rand(2, 1, 8, 8), torch.tensor([0.5, 1.0]))

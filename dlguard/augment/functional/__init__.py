@@ -18,7 +18,14 @@ from dlguard.augment.functional.object_mutations import (
     transplant,
 )
 from dlguard.augment.functional.padding import pad_resize, pad_resize_matrix
-from dlguard.augment.functional.photometric import brightness_scale, brightness_shift, contrast, gaussian_noise
+from dlguard.augment.functional.photometric import (
+    brightness_scale,
+    brightness_shift,
+    contrast,
+    gaussian_noise,
+    reduced_contrast,
+)
+from dlguard.augment.functional.resolution import pixelate
 from dlguard.augment.functional.translate import pad_to_region, region_translations
 from dlguard.augment.functional.weather import (
     FOG_DENSITY,
@@ -54,9 +61,11 @@ __all__ = [
     "pad_resize",
     "pad_resize_matrix",
     "pad_to_region",
+    "pixelate",
     "plasma_field",
     "rain",
     "rain_streaks",
+    "reduced_contrast",
     "region_translations",
     "rotation",
     "scaling",

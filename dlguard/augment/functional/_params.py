@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -23,3 +25,16 @@ def check_keys(keys: object, batch: int, name: str = "keys") -> Tensor:
     if keys.is_floating_point() or keys.is_complex() or keys.dtype == torch.bool or keys.shape != (batch,):
         raise ValueError(f"{name}: expected integer keys of shape ({batch},), got {keys.dtype} {tuple(keys.shape)}")
     return keys
+
+
+def by_level(images: Tensor, level: Tensor, op: Callable[[Tensor, float], Tensor]) -> Tensor:
+    """``op(images[rows], value)`` for each distinct value of ``level`` ``(B,)``, in place of those rows.
+
+    One host sync for the batch (a sweep applies one level per call); for ops whose parameter must be
+    a Python number (a kernel or image size).
+    """
+    out = torch.empty_like(images)
+    for value in level.unique().tolist():
+        rows = (level == value).to(images.device)
+        out[rows] = op(images[rows], value)
+    return out

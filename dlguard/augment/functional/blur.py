@@ -16,6 +16,7 @@ from kornia.filters import median_blur as _median
 from torch import Tensor
 
 from dlguard.augment.functional._inputs import check_image_input
+from dlguard.augment.functional._params import by_level
 
 __all__ = ["bilateral_blur", "box_blur", "gaussian_blur", "median_blur"]
 
@@ -29,11 +30,7 @@ def _by_size(images: Tensor, size: Tensor | int, op: Callable[[Tensor, int], Ten
         raise ValueError(f"size: expected an int or shape ({len(images)},), got {tuple(sizes.shape)}")
     if (sizes < 1).any() or (odd and (sizes % 2 == 0).any()):
         raise ValueError(f"size: expected {'odd ' if odd else ''}kernel sizes of at least 1, got {sizes.tolist()}")
-    out = torch.empty_like(images)
-    for value in sizes.unique().tolist():
-        chosen = (sizes == value).to(images.device)
-        out[chosen] = op(images[chosen], value)
-    return out.clamp(0, 1)
+    return by_level(images, sizes, lambda rows, value: op(rows, int(value))).clamp(0, 1)
 
 
 def box_blur(images: Tensor, size: Tensor | int) -> Tensor:

@@ -1,6 +1,6 @@
-"""Photometric ops: brightness (additive and multiplicative), contrast, Gaussian noise.
+"""Photometric ops: brightness (additive and multiplicative), contrast (a gain, or lowered about the mean), noise.
 
-Per-sample parameters. ``brightness_shift`` and ``contrast`` (DeepTest's) take images
+Per-sample parameters. ``brightness_shift``, ``contrast`` (DeepTest's) and ``reduced_contrast`` take images
 ``(B, C, H, W)`` in ``[0, 1]`` and clamp to it. ``gaussian_noise`` and ``brightness_scale`` (the
 comprehensive framework's) take any tensor ``(B, ...)``, e.g. 1-D signals ``(B, C, T)`` (SPEC §0):
 they check the input against and clamp the output to ``value_range``, or neither when it is ``None``.
@@ -9,14 +9,14 @@ they check the input against and clamp the output to ``value_range``, or neither
 from __future__ import annotations
 
 import torch
-from kornia.enhance import adjust_brightness, adjust_contrast
+from kornia.enhance import adjust_brightness, adjust_contrast, adjust_contrast_with_mean_subtraction
 from torch import Tensor
 
 from dlguard._validation import value_range as check_value_range
 from dlguard.augment.functional._inputs import check_any_input, check_image_input, reads_values
 from dlguard.augment.functional._params import per_sample
 
-__all__ = ["brightness_scale", "brightness_shift", "contrast", "gaussian_noise"]
+__all__ = ["brightness_scale", "brightness_shift", "contrast", "gaussian_noise", "reduced_contrast"]
 
 
 def _per_input(values: Tensor, like: Tensor) -> Tensor:
@@ -70,6 +70,23 @@ def contrast(images: Tensor, alpha: Tensor | float) -> Tensor:
     """
     check_image_input(images)
     return adjust_contrast(images, per_sample("alpha", alpha, len(images), images), clip_output=True)
+
+
+def reduced_contrast(images: Tensor, reduction: Tensor | float) -> Tensor:
+    """Contrast about each image's mean grey level lowered by ``reduction`` in ``[0, 1]``: a flat exposure.
+
+    ``m + (1 - reduction)·(x - m)``, with ``m`` the image's mean grey level (kornia's
+    ``adjust_contrast_with_mean_subtraction``); unlike DeepTest's :func:`contrast`, a gain ``α·x``, it
+    keeps a dark image dark. ``reduction = 1`` leaves a flat grey image.
+
+    Example:
+        >>> ramp = torch.linspace(0, 1, 5).expand(1, 1, 5, 5)  # mean 0.5
+        >>> [round(v, 3) for v in reduced_contrast(ramp, 0.5)[0, 0, 0].tolist()]
+        [0.25, 0.375, 0.5, 0.625, 0.75]
+    """
+    check_image_input(images)
+    factor = 1 - per_sample("reduction", reduction, len(images), images)
+    return adjust_contrast_with_mean_subtraction(images, factor)
 
 
 def gaussian_noise(
