@@ -141,3 +141,16 @@ def test_pixelate_refuses_a_loss_outside_its_range() -> None:
 
     with pytest.raises(ValueError, match=r"loss: expected values in \[0, 1\), got 1.0"):
         pixelate(torch.rand(2, 1, 8, 8), torch.tensor([0.5, 1.0]))
+
+
+@pytest.mark.parametrize("reduction", [-0.1, 1.5])
+def test_reduced_contrast_refuses_a_reduction_outside_its_range(reduction: float) -> None:
+    from dlguard.augment.functional import reduced_contrast
+    from dlguard.augment.functional._inputs import values_trusted
+
+    images = torch.rand(2, 1, 8, 8)
+    with pytest.raises(ValueError, match=r"reduction: expected values in \[0, 1\]"):
+        reduced_contrast(images, torch.tensor([0.5, reduction]))
+    with values_trusted():  # a guide's path reads no value back, as the image checks do not
+        assert reduced_contrast(images, torch.tensor([0.5, reduction])).shape == images.shape
+    assert torch.allclose(reduced_contrast(images, 1.0), images.mean((1, 2, 3), keepdim=True).expand_as(images))

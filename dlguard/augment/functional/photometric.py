@@ -79,14 +79,21 @@ def reduced_contrast(images: Tensor, reduction: Tensor | float) -> Tensor:
     ``adjust_contrast_with_mean_subtraction``); unlike DeepTest's :func:`contrast`, a gain ``α·x``, it
     keeps a dark image dark. ``reduction = 1`` leaves a flat grey image.
 
+    Raises:
+        ValueError: naming ``reduction``, for a value outside ``[0, 1]`` (above 1 would invert the
+            contrast); naming ``images``, for anything but a float batch ``(B, C, H, W)`` in ``[0, 1]``
+            without NaN. Both value checks are skipped where values are trusted, as on a guide's path.
+
     Example:
         >>> ramp = torch.linspace(0, 1, 5).expand(1, 1, 5, 5)  # mean 0.5
         >>> [round(v, 3) for v in reduced_contrast(ramp, 0.5)[0, 0, 0].tolist()]
         [0.25, 0.375, 0.5, 0.625, 0.75]
     """
     check_image_input(images)
-    factor = 1 - per_sample("reduction", reduction, len(images), images)
-    return adjust_contrast_with_mean_subtraction(images, factor)
+    amount = per_sample("reduction", reduction, len(images), images)
+    if reads_values() and ((amount < 0) | (amount > 1)).any():
+        raise ValueError(f"reduction: expected values in [0, 1], got {amount.tolist()}")
+    return adjust_contrast_with_mean_subtraction(images, 1 - amount)
 
 
 def gaussian_noise(
