@@ -149,7 +149,7 @@ def test_reduced_contrast_refuses_a_reduction_outside_its_range(reduction: float
     from dlguard.augment.functional._inputs import values_trusted
 
     images = torch.rand(2, 1, 8, 8)
-    with pytest.raises(ValueError, match=r"reduction: expected values in \[0, 1\]"):
+    with pytest.raises(ValueError, match=rf"reduction: expected values in \[0, 1\], got \[{reduction}\]"):
         reduced_contrast(images, torch.tensor([0.5, reduction]))
     with values_trusted():  # a guide's path reads no value back, as the image checks do not
         assert reduced_contrast(images, torch.tensor([0.5, reduction])).shape == images.shape
