@@ -91,9 +91,9 @@ def reduced_contrast(images: Tensor, reduction: Tensor | float) -> Tensor:
     """
     check_image_input(images)
     amount = per_sample("reduction", reduction, len(images), images)
-    if reads_values() and ((amount < 0) | (amount > 1)).any():
-        outside = amount[(amount < 0) | (amount > 1)].unique()
-        raise ValueError(f"reduction: expected values in [0, 1], got {[round(v, 4) for v in outside[:5].tolist()]}")
+    if reads_values() and (outside := (amount < 0) | (amount > 1)).any():
+        shown = [round(v, 4) for v in amount[outside].unique()[:5].tolist()]
+        raise ValueError(f"reduction: expected values in [0, 1], got {shown}")
     return adjust_contrast_with_mean_subtraction(images, 1 - amount)
 
 
