@@ -24,14 +24,19 @@ from dlguard.augment.functional import (
     brightness_scale,
     brightness_shift,
     contrast,
+    fog,
     gaussian_blur,
     gaussian_noise,
     median_blur,
+    pixelate,
+    rain,
+    reduced_contrast,
     rotation,
     scaling,
     shearing,
     translation,
 )
+from dlguard.augment.functional._inputs import values_trusted
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +137,37 @@ def test_noise_is_gaussian_with_the_given_sigma() -> None:
 def test_bad_input(call, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         call(torch.rand(2, 1, 8, 8))
+
+
+_NAN = torch.tensor([0.1, float("nan")])
+
+
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda x, v: translation(x, v, 0.0), "tx"),
+        (lambda x, v: scaling(x, v), "factor"),
+        (lambda x, v: shearing(x, 0.1, v), "sy"),
+        (lambda x, v: rotation(x, v), "degrees"),
+        (lambda x, v: brightness_shift(x, v), "beta"),
+        (lambda x, v: brightness_scale(x, v), "beta"),
+        (lambda x, v: contrast(x, v), "alpha"),
+        (lambda x, v: reduced_contrast(x, v), "reduction"),
+        (lambda x, v: gaussian_noise(x, v), "sigma"),
+        (lambda x, v: pixelate(x, v), "loss"),
+        (lambda x, v: fog(x, torch.ones(1, 1, 8, 8), 1.0, airlight=v), "airlight"),
+        (lambda x, v: rain(x, torch.zeros(2, 1, 8, 8), darkening=v), "darkening"),
+    ],
+)
+def test_a_nan_parameter_is_refused_by_name(call, name: str) -> None:
+    """NaN slips through every range check (``NaN < 0`` is false); each op names its argument instead."""
+    images = torch.rand(2, 1, 8, 8)
+    with pytest.raises(ValueError, match=rf"{name}: expected finite values, got \[nan\]"):
+        call(images, _NAN)
+    with pytest.raises(ValueError, match=rf"{name}: expected finite values, got \[inf\]"):
+        call(images, torch.tensor([0.1, float("inf")]))
+    with values_trusted():  # a guide's path skips the check and still runs
+        call(images, torch.tensor([0.1, 0.2]))
 
 
 @pytest.mark.parametrize("module", [RandomBrightnessShift, RandomBrightnessScale, RandomNoise])

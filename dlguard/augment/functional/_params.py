@@ -7,10 +7,19 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from dlguard.augment.functional._inputs import reads_values
+
 
 def per_sample(name: str, value: Tensor | float, batch: int, like: Tensor) -> Tensor:
-    """``value`` as a ``(B,)`` tensor on ``like``'s device and dtype; a clear error for a wrong length."""
+    """``value`` as a ``(B,)`` tensor on ``like``'s device and dtype; a clear error for a wrong length or NaN.
+
+    NaN and infinity are refused where values are read (not inside
+    :func:`~dlguard.augment.functional._inputs.values_trusted`): no perturbation has a meaning for them,
+    and the range checks after this one (``< 0``, ``> 1``) let NaN through.
+    """
     tensor = torch.as_tensor(value, dtype=like.dtype, device=like.device)
+    if reads_values() and not torch.isfinite(tensor).all():
+        raise ValueError(f"{name}: expected finite values, got {tensor[~torch.isfinite(tensor)].unique()[:5].tolist()}")
     if tensor.ndim == 0:
         return tensor.expand(batch)
     if tensor.shape != (batch,):
