@@ -50,7 +50,9 @@ class FailureReplay(Callback):
     ``replay/failures``, the failures the bank held when the epoch started (what it replayed from; the
     epoch's own validation deposits feed the next; a bank two replays share counted once) -- the dose a
     loop fed back, beside the curves it moved.
-    A run resumed from a checkpoint saved inside an epoch counts that epoch's rows from the resumption.
+    A run resumed from a checkpoint saved inside an epoch logs that epoch's figures as an uninterrupted
+    run does (Lightning < 2.5 trains the batch in flight at the checkpoint again, and they count it;
+    under DDP the part before the checkpoint is rank zero's on every process).
 
     The bank is part of this callback's checkpoint state. Under DDP each process keeps and replays
     the failures found on its own shard; a checkpoint holds rank zero's bank and generator, and after
@@ -95,25 +97,25 @@ class FailureReplay(Callback):
         self.batch_keys, self.seed = batch_keys, seed
         self.accessor = BatchAccessor(batch_keys)
         self.replayed = 0
-        self._replayed_at_epoch_start = 0
-        self._held_at_epoch_start = 0
+        # the epoch's dose, begun by its first batch (Lightning skips on_train_epoch_start on some resumptions)
+        self._dose_epoch: int | None = None
+        self._dose_rows = self._dose_held = 0
         self._own = RankGenerator(seed)
         self._checked_version = -1
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._own.setup(trainer.global_rank)
+        if stage == "fit":  # another fit's epoch 0 starts afresh (a checkpoint, restored after this, resumes)
+            self._dose_epoch = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._own.start(trainer.global_rank, self.replayed)  # a checkpoint holds rank zero's generator
 
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._replayed_at_epoch_start, self._held_at_epoch_start = self.replayed, len(self.bank)
-
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        rows = self.replayed - self._replayed_at_epoch_start
+        self._start_epoch(trainer)  # no batch began it: resumed from a checkpoint without the dose, after its batches
         sharing = [c for c in trainer.callbacks if isinstance(c, FailureReplay) and c.bank is self.bank]
-        held = self._held_at_epoch_start if not sharing or sharing[0] is self else 0  # a shared bank counts once
-        dose = {"replay/rows": rows, "replay/failures": held}
+        held = self._dose_held if not sharing or sharing[0] is self else 0  # a shared bank counts once
+        dose = {"replay/rows": self._dose_rows, "replay/failures": held}
         for name, value in dose.items():  # a sum: over the processes' shards, and over two replays' banks
             pl_module.log(name, float(value), on_step=False, on_epoch=True, reduce_fx="sum", sync_dist=True)
 
@@ -121,6 +123,7 @@ class FailureReplay(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         inputs, _ = self.accessor.read(batch)  # an unreadable batch fails at once, naming batch_keys
+        self._start_epoch(trainer)
         if not len(self.bank):
             return
         count = self._count(trainer, len(inputs))
@@ -139,6 +142,13 @@ class FailureReplay(Callback):
         with torch.no_grad():
             self.accessor.write_rows(batch, rows, stored, labels)
         self.replayed += count
+        self._dose_rows += count
+
+    def _start_epoch(self, trainer: L.Trainer | None) -> None:
+        """Begin the epoch's dose at its first batch: what the bank holds then is what the epoch replays from."""
+        epoch = getattr(trainer, "current_epoch", None)  # None: called by hand, outside a Trainer
+        if epoch != self._dose_epoch:
+            self._dose_epoch, self._dose_rows, self._dose_held = epoch, 0, len(self.bank)
 
     def _count(self, trainer: L.Trainer | None, batch_size: int) -> int:
         """Rows of this batch to replace: the dose's share, carried over, within ``fraction`` of the batch."""
@@ -165,10 +175,14 @@ class FailureReplay(Callback):
             "generator": self._own.state(),
             "replayed": self.replayed,
             "owed": self._owed,
+            "epoch_dose": {"epoch": self._dose_epoch, "rows": self._dose_rows, "held": self._dose_held},
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         self.bank.load_state_dict(state_dict.get("bank", {}))
         self.replayed = int(state_dict.get("replayed", 0))
         self._owed = float(state_dict.get("owed", 0.0))
+        dose = state_dict.get("epoch_dose", {})  # a checkpoint saved inside an epoch: the dose so far
+        self._dose_epoch = dose.get("epoch")
+        self._dose_rows, self._dose_held = int(dose.get("rows", 0)), int(dose.get("held", 0))
         self._own.load(state_dict.get("generator"))

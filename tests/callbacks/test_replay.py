@@ -15,6 +15,7 @@ from dlguard.data.failure_bank import FailureBank
 from tests.quick import quick_trainer
 
 SHAPE = (1, 2, 2)
+LIGHTNING = tuple(int(part) for part in L.__version__.split(".")[:2])
 
 
 def batch_of(size: int, label_dtype: torch.dtype = torch.long) -> list[torch.Tensor]:
@@ -321,3 +322,90 @@ def test_a_bank_two_replays_share_is_counted_once(tmp_path: Path) -> None:
     with (tmp_path / "metrics.csv").open() as handle:
         (row,) = [row for row in csv.DictReader(handle) if row.get("replay/rows")]
     assert (float(row["replay/rows"]), float(row["replay/failures"])) == (16.0, 8.0)  # rows from both, bank once
+
+
+@pytest.mark.parametrize("step", [6, 4], ids=["inside an epoch", "after an epoch's last batch"])
+def test_a_resumed_run_logs_each_epoch_s_dose_as_an_uninterrupted_run(tmp_path: Path, step: int) -> None:
+    def logged(path: Path) -> list[tuple[int, float, float]]:
+        with (path / "metrics.csv").open() as handle:
+            rows = [row for row in csv.DictReader(handle) if row.get("replay/rows")]
+        return [(int(row["epoch"]), float(row["replay/rows"]), float(row["replay/failures"])) for row in rows]
+
+    class Batches(L.Callback):  # the training batches the resumed run itself runs, per epoch
+        def __init__(self) -> None:
+            self.per_epoch: dict[int, int] = {}
+
+        def on_train_batch_start(self, trainer: L.Trainer, *args: object) -> None:
+            self.per_epoch[trainer.current_epoch] = self.per_epoch.get(trainer.current_epoch, 0) + 1
+
+    def trainer(path: Path, extra: list[L.Callback]) -> tuple[L.Trainer, FailureReplay]:
+        replay = FailureReplay(bank_of(list(range(150, 158))))  # 8 failures, 4 batches of 8: 2 rows a batch
+        return quick_trainer(path, [replay, *extra], epochs=2, train_batches=4, val_batches=0), replay
+
+    whole, _ = trainer(tmp_path / "whole", [])
+    whole.fit(Recording())
+    saving = L.pytorch.callbacks.ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=step, save_top_k=-1)
+    first, _ = trainer(tmp_path / "first", [saving])
+    first.fit(Recording())
+    (checkpoint,) = (tmp_path / "ckpt").glob(f"*epoch=?-step={step}.ckpt")
+    batches = Batches()
+    resumed, replay = trainer(tmp_path / "resumed", [batches])
+    resumed.fit(Recording(), ckpt_path=checkpoint)
+    assert logged(tmp_path / "whole") == [(0, 8.0, 8.0), (1, 8.0, 8.0)]  # by hand: 4 batches x 2 rows from 8
+    # before the checkpoint: step 6 is two batches into epoch 1, step 4 all of epoch 0's; each epoch's
+    # figure counts 2 rows for every batch it trained, before and after the resumption
+    before = {0: 0, 1: 2} if step == 6 else {0: 4, 1: 0}
+    expected = [(epoch, 2.0 * (before[epoch] + count), 8.0) for epoch, count in sorted(batches.per_epoch.items())]
+    assert logged(tmp_path / "resumed") == expected
+    if LIGHTNING >= (2, 5):  # it resumes where it stopped; older versions rerun the batch in flight
+        assert expected == [(1, 8.0, 8.0)] and replay.replayed == 16
+
+
+@pytest.mark.parametrize("first_ends", ["finished", "interrupted"])
+def test_a_second_fit_with_the_same_replay_logs_its_own_epoch(tmp_path: Path, first_ends: str) -> None:
+    class Interrupt(L.Callback):  # the first fit stops with an exception after two batches
+        def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch, index: int) -> None:
+            if index == 2:
+                raise RuntimeError("stopped")
+
+    replay = FailureReplay(bank_of(list(range(150, 158))))  # 8 failures, 4 batches of 8: 2 rows a batch
+    if first_ends == "interrupted":
+        with pytest.raises(RuntimeError, match="stopped"):
+            quick_trainer(tmp_path / "first", [replay, Interrupt()], epochs=1, train_batches=4, val_batches=0).fit(
+                Recording()
+            )
+    else:
+        quick_trainer(tmp_path / "first", [replay], epochs=1, train_batches=4, val_batches=0).fit(Recording())
+    quick_trainer(tmp_path / "second", [replay], epochs=1, train_batches=4, val_batches=0).fit(Recording())
+    with (tmp_path / "second" / "metrics.csv").open() as handle:
+        (row,) = [row for row in csv.DictReader(handle) if row.get("replay/rows")]
+    assert (float(row["replay/rows"]), float(row["replay/failures"])) == (8.0, 8.0)  # a fresh Trainer's epoch 0
+    # interrupted: the replay, first in the list, wrote 2 rows into each of batches 0-2 before the stop
+    assert replay.replayed == (14 if first_ends == "interrupted" else 16)
+
+
+@pytest.mark.skipif(LIGHTNING < (2, 5), reason="Lightning < 2.5 trains the batch in flight at the checkpoint again")
+def test_a_run_resumed_inside_an_epoch_counts_the_failures_held_at_its_start(tmp_path: Path) -> None:
+    class Deposit(L.Callback):  # 4 failures after every epoch's second batch, as a validation inside the epoch
+        def __init__(self, bank: FailureBank) -> None:
+            self.bank = bank
+
+        def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, *args: object) -> None:
+            if args[-1] == 1:
+                self.bank.add(torch.full((4, *SHAPE), 170.0), torch.full((4,), 170), origin="hda")
+
+    def run(path: Path, extra: list[L.Callback], ckpt_path: Path | None = None) -> list[tuple[int, float, float]]:
+        replay = FailureReplay(bank_of(list(range(150, 158))))
+        callbacks = [Deposit(replay.bank), replay, *extra]
+        quick_trainer(path, callbacks, epochs=2, train_batches=4, val_batches=0).fit(Recording(), ckpt_path=ckpt_path)
+        with (path / "metrics.csv").open() as handle:
+            rows = [row for row in csv.DictReader(handle) if row.get("replay/rows")]
+        return [(int(row["epoch"]), float(row["replay/rows"]), float(row["replay/failures"])) for row in rows]
+
+    whole = run(tmp_path / "whole", [])
+    run(tmp_path / "first", [L.pytorch.callbacks.ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=6)])
+    (checkpoint,) = (tmp_path / "ckpt").glob("*step=6.ckpt")  # two batches into epoch 1, after its deposit
+    # by hand: 2 rows a batch throughout (the bank's 8 to 16 failures over 4 batches, capped at a quarter
+    # of 8); epoch 0 starts from 8 failures, epoch 1 from 12; the checkpoint's bank holds 16
+    assert whole == [(0, 8.0, 8.0), (1, 8.0, 12.0)]
+    assert run(tmp_path / "resumed", [], ckpt_path=checkpoint) == whole[1:]
