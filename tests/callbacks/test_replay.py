@@ -287,6 +287,13 @@ def test_the_dose_s_carry_is_checkpointed() -> None:
     assert counts == [1, 1] and restored.replayed == original.replayed == 2
 
 
+def logged_doses(path: Path) -> list[tuple[int, float, float]]:
+    """``(epoch, replay/rows, replay/failures)`` of each epoch the CSV logger in ``path`` wrote."""
+    with (path / "metrics.csv").open() as handle:
+        rows = [row for row in csv.DictReader(handle) if row.get("replay/rows")]
+    return [(int(row["epoch"]), float(row["replay/rows"]), float(row["replay/failures"])) for row in rows]
+
+
 def test_training_replays_each_failure_once_an_epoch_by_default(tmp_path: Path) -> None:
     replay = FailureReplay(bank_of([150, 151, 152, 153, 154, 155, 156, 157]))  # 8 failures, 4 batches of 8
     replayed = fit(tmp_path / "replay", [replay])
@@ -304,11 +311,9 @@ def test_each_epoch_logs_the_rows_replayed_and_the_failures_held_summed_over_rep
 
     trainer = quick_trainer(tmp_path, [Deposit(), first, second], epochs=2, train_batches=4, val_batches=0)
     trainer.fit(Recording())
-    with (tmp_path / "metrics.csv").open() as handle:
-        rows = [row for row in csv.DictReader(handle) if row.get("replay/rows")]
     # by hand: epoch 0, 4 batches x (2 + 1) rows from 8 + 4 failures; epoch 1, 12 failures in the first bank,
     # 3 rows a batch (capped at a quarter of 8: 2) plus 1 -> 12 rows from 16 failures; the counters agree
-    assert [(int(row["epoch"]), float(row["replay/rows"]), float(row["replay/failures"])) for row in rows] == [
+    assert logged_doses(tmp_path) == [
         (0, 12.0, 12.0),
         (1, 12.0, 16.0),
     ]
@@ -319,18 +324,11 @@ def test_a_bank_two_replays_share_is_counted_once(tmp_path: Path) -> None:
     shared = bank_of(list(range(150, 158)))  # 8 failures, 4 batches of 8: 2 rows a batch from each replay
     replays = [FailureReplay(shared), FailureReplay(shared, seed=1)]
     quick_trainer(tmp_path, replays, epochs=1, train_batches=4, val_batches=0).fit(Recording())
-    with (tmp_path / "metrics.csv").open() as handle:
-        (row,) = [row for row in csv.DictReader(handle) if row.get("replay/rows")]
-    assert (float(row["replay/rows"]), float(row["replay/failures"])) == (16.0, 8.0)  # rows from both, bank once
+    assert logged_doses(tmp_path) == [(0, 16.0, 8.0)]  # rows from both, bank once
 
 
 @pytest.mark.parametrize("step", [6, 4], ids=["inside an epoch", "after an epoch's last batch"])
 def test_a_resumed_run_logs_each_epoch_s_dose_as_an_uninterrupted_run(tmp_path: Path, step: int) -> None:
-    def logged(path: Path) -> list[tuple[int, float, float]]:
-        with (path / "metrics.csv").open() as handle:
-            rows = [row for row in csv.DictReader(handle) if row.get("replay/rows")]
-        return [(int(row["epoch"]), float(row["replay/rows"]), float(row["replay/failures"])) for row in rows]
-
     class Batches(L.Callback):  # the training batches the resumed run itself runs, per epoch
         def __init__(self) -> None:
             self.per_epoch: dict[int, int] = {}
@@ -351,12 +349,12 @@ def test_a_resumed_run_logs_each_epoch_s_dose_as_an_uninterrupted_run(tmp_path: 
     batches = Batches()
     resumed, replay = trainer(tmp_path / "resumed", [batches])
     resumed.fit(Recording(), ckpt_path=checkpoint)
-    assert logged(tmp_path / "whole") == [(0, 8.0, 8.0), (1, 8.0, 8.0)]  # by hand: 4 batches x 2 rows from 8
+    assert logged_doses(tmp_path / "whole") == [(0, 8.0, 8.0), (1, 8.0, 8.0)]  # by hand: 4 batches x 2 rows from 8
     # before the checkpoint: step 6 is two batches into epoch 1, step 4 all of epoch 0's; each epoch's
     # figure counts 2 rows for every batch it trained, before and after the resumption
     before = {0: 0, 1: 2} if step == 6 else {0: 4, 1: 0}
     expected = [(epoch, 2.0 * (before[epoch] + count), 8.0) for epoch, count in sorted(batches.per_epoch.items())]
-    assert logged(tmp_path / "resumed") == expected
+    assert logged_doses(tmp_path / "resumed") == expected
     if LIGHTNING >= (2, 5):  # it resumes where it stopped; older versions rerun the batch in flight
         assert expected == [(1, 8.0, 8.0)] and replay.replayed == 16
 
@@ -377,9 +375,7 @@ def test_a_second_fit_with_the_same_replay_logs_its_own_epoch(tmp_path: Path, fi
     else:
         quick_trainer(tmp_path / "first", [replay], epochs=1, train_batches=4, val_batches=0).fit(Recording())
     quick_trainer(tmp_path / "second", [replay], epochs=1, train_batches=4, val_batches=0).fit(Recording())
-    with (tmp_path / "second" / "metrics.csv").open() as handle:
-        (row,) = [row for row in csv.DictReader(handle) if row.get("replay/rows")]
-    assert (float(row["replay/rows"]), float(row["replay/failures"])) == (8.0, 8.0)  # a fresh Trainer's epoch 0
+    assert logged_doses(tmp_path / "second") == [(0, 8.0, 8.0)]  # a fresh Trainer's epoch 0
     # interrupted: the replay, first in the list, wrote 2 rows into each of batches 0-2 before the stop
     assert replay.replayed == (14 if first_ends == "interrupted" else 16)
 
@@ -398,9 +394,7 @@ def test_a_run_resumed_inside_an_epoch_counts_the_failures_held_at_its_start(tmp
         replay = FailureReplay(bank_of(list(range(150, 158))))
         callbacks = [Deposit(replay.bank), replay, *extra]
         quick_trainer(path, callbacks, epochs=2, train_batches=4, val_batches=0).fit(Recording(), ckpt_path=ckpt_path)
-        with (path / "metrics.csv").open() as handle:
-            rows = [row for row in csv.DictReader(handle) if row.get("replay/rows")]
-        return [(int(row["epoch"]), float(row["replay/rows"]), float(row["replay/failures"])) for row in rows]
+        return logged_doses(path)
 
     whole = run(tmp_path / "whole", [])
     run(tmp_path / "first", [L.pytorch.callbacks.ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=6)])
