@@ -47,7 +47,8 @@ to the training batches differs:
   (``DScoreCallback`` + ``ScoreGuidedPadding``), ``hda`` (``HDACallback`` + ``FailureReplay``),
   ``metamorphic`` (``MetamorphicCallback`` + ``FailureReplay``), on the scenes ``relevancy``
   (``ObjectRelevancyCallback`` + ``FailureReplay``: each unreliable inference's digit on ten fresh
-  backgrounds), and ``dlguard`` (all of them on one bank);
+  backgrounds), and ``dlguard`` (all of them on one bank; its record's ``dose`` holds the first guide's
+  strength in each epoch and, under ``guides``, the others', D-Score's padding ``p`` among them);
 - each loop's open-loop control, ``<loop>-open``: the same generator's test cases, *not* chosen by
   detection, at the same dose. The loop's run is recorded -- how many failures it deposited at
   which validation, its replay fraction, its guide's strength in each epoch -- and the control
@@ -323,29 +324,44 @@ class RecordingBank(FailureBank):
 
 
 class Dose(L.Callback):
-    """Records a loop's dose: deposits per validation, and its guide's strength in each training epoch."""
+    """Records a loop's dose: deposits per validation, and its guide's strength in each training epoch.
 
-    def __init__(self, bank: RecordingBank | None, guide: nn.Module | None, owner: L.Callback | None) -> None:
+    ``others`` names the guides of the other loops an arm combines (``{"dscore": (callback, padding)}``);
+    their strengths are recorded too, under ``"guides"``.
+    """
+
+    def __init__(
+        self,
+        bank: RecordingBank | None,
+        guide: nn.Module | None,
+        owner: L.Callback | None,
+        others: dict[str, tuple[L.Callback, nn.Module]] | None = None,
+    ) -> None:
         self.bank, self.guide, self.owner = bank, guide, owner
+        self.others = others or {}
         self.strength: list[float] = []
+        self.guides: dict[str, list[float]] = {name: [] for name in self.others}
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.bank is not None:
             self.bank.epoch = trainer.current_epoch
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.guide is None:
-            return
-        active = self.owner is not None and self.owner._guide_ready()
-        if isinstance(self.guide, ErrorGuidedAugmentation):
-            applied = guide_p(self.guide)
-            self.strength.append(applied if active else 0.0)
-        else:
-            self.strength.append(float(self.guide.p) if active else 0.0)
+        if self.guide is not None:
+            self.strength.append(_applied(self.guide, self.owner))
+        for name, (owner, guide) in self.others.items():
+            self.guides[name].append(_applied(guide, owner))
 
     def record(self) -> dict[str, Any]:
         deposits = {} if self.bank is None else {str(e): n for e, n in self.bank.deposits.items()}
-        return {"deposits": deposits, "strength": self.strength}
+        return {"deposits": deposits, "strength": self.strength, **({"guides": self.guides} if self.guides else {})}
+
+
+def _applied(guide: nn.Module, owner: L.Callback | None) -> float:
+    """The strength ``guide`` transforms this epoch's batches at: 0 until ``owner`` has set it."""
+    if owner is None or not owner._guide_ready():
+        return 0.0
+    return guide_p(guide) if isinstance(guide, ErrorGuidedAugmentation) else float(guide.p)
 
 
 class OpenLoop(L.Callback):
@@ -566,9 +582,11 @@ def loop_arm(name: str, setting: Setting, seed: int) -> Arm:
     chosen = (list(dict.fromkeys(COMBINED)) or list(parts)) if name == "dlguard" else [name]
     made = [parts[part]() for part in chosen]
     callbacks = [callback for callback, _ in made]
-    guide_owner = next(((c, g) for c, g in made if g is not None), (None, None))
+    guided = {part: (c, g) for part, (c, g) in zip(chosen, made, strict=True) if g is not None}
+    owner, guide = next(iter(guided.values()), (None, None))  # the first guide is the arm's dose
     uses_bank = name != "dscore"
-    dose = Dose(bank if uses_bank else None, guide_owner[1], guide_owner[0])
+    others = {part: pair for part, pair in guided.items() if pair[1] is not guide}
+    dose = Dose(bank if uses_bank else None, guide, owner, others)
     return Arm([*callbacks, *([replay] if uses_bank else []), dose], dose=dose)
 
 

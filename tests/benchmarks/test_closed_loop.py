@@ -579,3 +579,20 @@ def test_the_loops_meet_the_oracle_of_any_flags() -> None:
     oracle = {"seed": 0, "mCA": 0.9, "options": {"oracle": {"fraction": 0.25}}}
     merged = cl.merge([{"dlguard": [{"seed": 0, "mCA": 0.8}]}, {"oracle": [oracle]}])
     assert cl.paired(merged)[2:] == ["| dlguard − oracle [--oracle fraction=0.25] | mCA | -0.100 ± nan | 0 of 1 |"]
+
+
+def test_the_dose_records_every_guide_an_arm_combines(setting: cl.Setting, monkeypatch: pytest.MonkeyPatch) -> None:
+    # all loops together: the robustness guide is the arm's dose, D-Score's padding is recorded beside it
+    arm = cl.loop_arm("dlguard", setting, 0)
+    dose = next(c for c in arm.callbacks if isinstance(c, cl.Dose))
+    dscore = next(c for c in arm.callbacks if isinstance(c, cl.DScoreCallback))
+    assert set(dose.others) == {"dscore"} and dose.others["dscore"][0] is dscore
+    dose.on_train_epoch_start(None, None)  # type: ignore[arg-type]  # before any measurement: nothing applied
+    padding = dose.others["dscore"][1]
+    padding.p = 0.3
+    monkeypatch.setattr(dscore, "_guide_ready", lambda: True)
+    dose.on_train_epoch_start(None, None)  # type: ignore[arg-type]
+    assert dose.record()["guides"] == {"dscore": [0.0, pytest.approx(0.3)]}
+    assert dose.record()["strength"] == [0.0, 0.0]  # the robustness guide has not measured yet
+    alone = next(c for c in cl.loop_arm("robustness", setting, 0).callbacks if isinstance(c, cl.Dose))
+    assert "guides" not in alone.record()
