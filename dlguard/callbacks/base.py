@@ -95,13 +95,18 @@ class ProbeCallback(Callback, ABC):
     - **When the model can be measured.** A probe set is kept only from a validation where the model
       can be measured: a training epoch of at least ``start_epoch``, a validation accuracy (over every
       distinct input of the loader) of at least ``min_accuracy`` (classification), and, for a balanced
-      draw, every class of the loader holding at least half the inputs it could give (``per_class``,
-      or the class's own count when smaller) among those the model gets right. Until then nothing is
-      logged -- no number measured on a collapsed model or a one-class probe set -- and a warning
-      says what was missing, with the counts (:attr:`skipped` keeps them); the next scheduled
-      validation draws again. ``min_accuracy="auto"`` (default) is a third of the way from chance
-      ``1/K`` to 1 (0.40 for 10 classes, 0.47 for 5): a from-scratch network that has collapsed onto
-      one class waits until it has learnt something, and a trained one is measured at once. With
+      draw, more than half of the loader's classes (two at least) filled: holding at least half the
+      inputs they could give (``per_class``, or the class's own count when smaller) among those the
+      model gets right. Until then nothing is logged -- no number measured on a collapsed model or a
+      one-class probe set -- and a warning says what was missing, with the counts (:attr:`skipped`
+      keeps them); the next scheduled validation draws again. A balanced set with classes short of
+      half (a class the model does not get yet) is measured on -- so feedback starts as soon as most
+      classes can be measured -- with a warning naming them and their counts (kept in the record's
+      ``"short_classes"``): their per-class numbers come from the inputs they hold, or are absent, and
+      the set is drawn again at each later measured validation of ``fit`` until every class is filled.
+      ``min_accuracy="auto"`` (default) is a third of the way from chance ``1/K`` to 1 (0.40 for 10
+      classes, 0.47 for 5): a from-scratch network that has collapsed onto one class waits until it
+      has learnt something, and a trained one is measured at once. With
       ``redraw_every_n_epochs`` the set is drawn again (seed ``seed + epoch``) once it is that many
       epochs old, so it follows the inputs the model gets right as it trains; a redraw that cannot be
       measured keeps the set in use.
@@ -218,6 +223,7 @@ class ProbeCallback(Callback, ABC):
         self._restore_draw: ProbeSetDraw | None = None  # finds a checkpoint's probe set again
         self._probes: dict[str, ProbeSet] = {}
         self._drawn_epoch: dict[str, int] = {}  # the training epoch each stage's probe set was drawn at
+        self._short: dict[str, dict[int, str]] = {}  # each stage's classes short of half in the set in use
         self._restored_probe: dict[str, Any] | None = None
         self._logits_width: int | None = None  # K, read at the first evaluation batch
         self._skipped_before_fit = 0
@@ -444,7 +450,9 @@ class ProbeCallback(Callback, ABC):
             return
         restore = self._restored_probe if stage == "validation" else None
         drawn = self._drawn_epoch.get(stage, None if restore is None else restore.get("epoch"))
-        due = self._redraw_due(trainer, stage, drawn)
+        scheduled = self._redraw_due(trainer, stage, drawn)
+        short = self._short.get(stage, {}) if stage in self._probes else (restore or {}).get("short_classes")
+        due = scheduled or (bool(short) and self._spaced_stage(trainer, stage))  # a set short of classes: again
         if stage in self._probes and not due:
             return
         context = f"{stage} loader {self.dataloader_idx}"
@@ -453,8 +461,11 @@ class ProbeCallback(Callback, ABC):
             self._restore_draw = ProbeSetDraw(restored, restore=torch.as_tensor(restore["keys"]), context=context)
             if not due:
                 return
-        if drawn is not None:  # a redraw: another seed, so even a uniform draw renews its inputs
+        if scheduled:  # a redraw: another seed, so even a uniform draw renews its inputs
             policy = replace(policy, seed=self.seed + trainer.current_epoch)
+        elif drawn is not None:  # filling a set short of classes: the seed of the set in use
+            in_use = self._probes[stage].seed if stage in self._probes else int((restore or {})["seed"])
+            policy = replace(policy, seed=in_use)
         self._draw = ProbeSetDraw(policy, context=context, empty_ok=True)
         self._draw_passes = 0
 
@@ -572,6 +583,23 @@ class ProbeCallback(Callback, ABC):
                 self._logits_width = outputs.shape[1]
         return len(inputs) > 0
 
+    def _short_classes(self, probe: ProbeSet, policy: ProbeSetPolicy | None = None) -> dict[int, str]:
+        """``{class: "found of needed"}`` for the classes a balanced set holds fewer than half their inputs of.
+
+        A class counts when the loader offered at least ``_FEW`` of its inputs; it needs half of
+        ``min(per_class, its inputs in the loader)`` among those the model gets right. Empty for a
+        uniform draw or a restored set.
+        """
+        policy = policy or self._probe_policy()
+        if policy is None or policy.per_class is None or probe.found_per_class is None:
+            return {}
+        per_class, offered = policy.per_class, probe.offered_per_class or {}
+        return {
+            c: f"{probe.class_counts.get(c, 0)} of {ceil(min(per_class, n) / 2)}"
+            for c, n in offered.items()
+            if n >= _FEW and probe.class_counts.get(c, 0) < ceil(min(per_class, n) / 2)
+        }
+
     def _not_measurable(self, probe: ProbeSet, policy: ProbeSetPolicy | None = None) -> str | None:
         """Why a freshly drawn probe set cannot be measured on yet (with the counts), or ``None``.
 
@@ -596,20 +624,22 @@ class ProbeCallback(Callback, ABC):
                 f"the validation accuracy {probe.accuracy:.3f} over {probe.seen} inputs is below {how}: {threshold:.3f}"
             )
         policy = policy or self._probe_policy()
-        if policy is None or policy.per_class is None or probe.found_per_class is None:
-            return None
-        offered = probe.offered_per_class or {}
-        short = {
-            c: f"{probe.class_counts.get(c, 0)} of {ceil(min(policy.per_class, n) / 2)}"
-            for c, n in offered.items()
-            if n >= _FEW and probe.class_counts.get(c, 0) < ceil(min(policy.per_class, n) / 2)
-        }
-        if short:
+        short = self._short_classes(probe, policy)
+        counted = sum(n >= _FEW for n in (probe.offered_per_class or {}).values())
+        filled = counted - len(short)
+        if short and policy is not None and (2 * filled <= counted or filled < 2):  # a majority, two at least
             return (
-                f"classes {short} hold too few correctly predicted inputs for per-class numbers (found of needed: "
-                f"half of min(per_class={policy.per_class}, the class's inputs in the loader))"
+                f"{self._short_text(short, policy.per_class)}; {filled} of {counted} classes are filled, more than "
+                "half (two at least) are needed"
             )
         return None
+
+    @staticmethod
+    def _short_text(short: dict[int, str], per_class: int | None) -> str:
+        return (
+            f"classes {short} hold too few correctly predicted inputs for per-class numbers (found of needed: "
+            f"half of min(per_class={per_class}, the class's inputs in the loader))"
+        )
 
     def _spent(
         self, stage: str, probe: ProbeSet | None, spent: int, draw_passes: int, paid: int | None
@@ -636,6 +666,19 @@ class ProbeCallback(Callback, ABC):
             "forward_passes": spent,
             "draw_passes": draw_passes,
         }
+
+    def _warn_short(self, trainer: L.Trainer, stage: str, per_class: int | None) -> None:
+        """A set measured on without every class filled says which, with the counts, and when it is drawn again."""
+        again = (
+            "; the set is drawn again at the next measured validation until every class is filled"
+            if self._spaced_stage(trainer, stage)
+            else ""
+        )
+        rank_zero_warn(
+            f"{type(self).__name__}: measuring at epoch {trainer.current_epoch} without every class: "
+            f"{self._short_text(self._short[stage], per_class)}; their per-class numbers come from the inputs they "
+            f"hold, or are absent{again}"
+        )
 
     def _skip(self, trainer: L.Trainer, stage: str, reason: str, kept: bool) -> None:
         then = (
@@ -693,6 +736,7 @@ class ProbeCallback(Callback, ABC):
             self._drawn_epoch[stage] = int((self._restored_probe or {}).get("epoch", trainer.current_epoch))
             self._allowed[stage] = (self._restored_probe or {}).get("allowed")
             self._drawn_size[stage] = (self._restored_probe or {}).get("drawn_size")
+            self._short[stage] = dict((self._restored_probe or {}).get("short_classes") or {})
             self._restored_probe = None
         if self._draw is not None:
             draw, self._draw = self._draw, None
@@ -701,7 +745,8 @@ class ProbeCallback(Callback, ABC):
                 warnings.simplefilter("always")
                 probe = self._finish(draw, stage)
             reason = self._not_measurable(probe, draw.policy)
-            if reason is not None and trainer.state.fn != "fit":  # asked for numbers now: measure, but say so
+            forced = reason is not None and trainer.state.fn != "fit"
+            if forced:  # asked for numbers now: measure, but say so
                 rank_zero_warn(
                     f"{type(self).__name__}: the {stage} numbers come from a model that cannot be measured well: "
                     f"{reason}"
@@ -713,6 +758,9 @@ class ProbeCallback(Callback, ABC):
             if reason is None:
                 self._probes[stage] = probe
                 self._drawn_epoch[stage] = trainer.current_epoch
+                self._short[stage] = self._short_classes(probe, draw.policy)
+                if self._short[stage] and not forced:
+                    self._warn_short(trainer, stage, draw.policy.per_class)
             else:
                 self._allowed[stage], self._drawn_size[stage] = allowed_before, size_before  # the set in use
                 self._skip(trainer, stage, reason, kept=stage in self._probes)
@@ -737,6 +785,8 @@ class ProbeCallback(Callback, ABC):
         self._measured_in_fit |= trainer.state.fn == "fit"
         fn = getattr(trainer.state.fn, "value", trainer.state.fn)  # "fit", "validate" or "test"
         record = {"epoch": trainer.current_epoch, "stage": stage, "fn": fn, **record, "logged": logged}
+        if self._short.get(stage):
+            record["short_classes"] = dict(self._short[stage])
         self.history.append(record)
         if logged:
             # every rank holds the same global numbers; sync_dist averages identical values (exact)
@@ -906,6 +956,7 @@ class ProbeCallback(Callback, ABC):
                 "epoch": self._drawn_epoch.get("validation", 0),
                 "allowed": self._allowed.get("validation"),
                 "drawn_size": self._drawn_size.get("validation"),
+                "short_classes": dict(self._short.get("validation", {})),
             }
         return {
             "history": self.history,
@@ -923,6 +974,7 @@ class ProbeCallback(Callback, ABC):
         self._skipped_before_fit = len(self.skipped)  # a resumed fit warns about its own refusals only
         self._probes.pop("validation", None)
         self._drawn_epoch.pop("validation", None)
+        self._short.pop("validation", None)
         self._restored_probe = state_dict.get("probe")
         self._spacing = {"credit": 0, "cost": 0, "allowed": None, **state_dict.get("spacing", {})}
         self._guide_random.load(state_dict.get("guide_generator"))

@@ -46,8 +46,10 @@ class RobustnessCallback(ProbeCallback):
     scheduled validation epoch, classifies correctly, drawn uniformly (content-keyed) from the
     batches that epoch loads; classes with fewer are used whole, with a warning giving the counts,
     and classes with none are reported (their ``LR_{c,p}`` is NaN and ``LR_p`` averages the others).
-    See :class:`~dlguard.callbacks.ProbeCallback` for the schedule, the probe-set policy and the
-    arguments every dlguard callback takes.
+    Measuring starts once more than half of the classes are at least half filled; until every class
+    is, the set is drawn again at each measured validation, so the guide's proposal gains the
+    classes the model learns late. See :class:`~dlguard.callbacks.ProbeCallback` for the schedule,
+    the probe-set policy and the arguments every dlguard callback takes.
 
     Each measurement applies every property at every severity level
     (:func:`~dlguard.generate.robustness_sweep`, batched, the model in eval mode and left as found,
@@ -246,7 +248,8 @@ class RobustnessCallback(ProbeCallback):
         if probe.found_per_class is None:
             return
         wanted = self._drawn_size.get(stage) or self.per_class  # per_class, or what the budget cut it to
-        short = {c: n for c, n in probe.found_per_class.items() if n < wanted}
+        named = self._short.get(stage, {})  # classes short of half: the probe callback has named them
+        short = {c: n for c, n in probe.found_per_class.items() if n < wanted and c not in named}
         if short:
             cut = "" if wanted == self.per_class else f" (cut from {self.per_class} by budget={self.budget})"
             warnings.warn(

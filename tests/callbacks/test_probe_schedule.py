@@ -27,17 +27,29 @@ from tests.quick import quick_trainer
 class LearnsAtEpoch(ClassifierModule):
     """``mnist_a`` that predicts class ``collapsed_class`` for every input before training epoch ``learns_at``.
 
-    Or, with ``never=c``, a model that is good except that it never predicts class ``c``.
+    Or, with ``never=c`` (a class or several), a model that is good except that it never predicts
+    class ``c`` -- before training epoch ``never_before``, when given.
     """
 
-    def __init__(self, learns_at: int = 1, collapsed_class: int = 0, never: int | None = None) -> None:
+    def __init__(
+        self,
+        learns_at: int = 1,
+        collapsed_class: int = 0,
+        never: int | tuple[int, ...] | None = None,
+        never_before: int | None = None,
+    ) -> None:
         super().__init__(pretrained("mnist_a"), lr=1e-6)
-        self.learns_at, self.collapsed_class, self.never = learns_at, collapsed_class, never
+        self.learns_at, self.collapsed_class = learns_at, collapsed_class
+        self.never = (never,) if isinstance(never, int) else never
+        self.never_before = never_before
 
     def forward(self, x: Tensor) -> Tensor:
         logits = self.net(x)
         if self.never is not None:
-            return logits.index_fill(1, torch.tensor([self.never], device=logits.device), -1e4)
+            learnt = self.never_before is not None and self._trainer is not None
+            if learnt and self.trainer.current_epoch >= self.never_before:
+                return logits
+            return logits.index_fill(1, torch.tensor(self.never, device=logits.device), -1e4)
         if self._trainer is None or self.trainer.current_epoch >= self.learns_at:
             return logits
         collapsed = torch.full_like(logits, -10.0)
@@ -108,11 +120,68 @@ def test_without_an_accuracy_threshold_a_one_class_balanced_set_is_still_refused
     )
 
 
-def test_a_class_the_model_never_predicts_is_named_with_its_counts(tmp_path: Path) -> None:
+def test_a_class_the_model_never_predicts_is_named_and_the_others_measured(tmp_path: Path) -> None:
     robustness = RobustnessCallback(budget=None, per_class=4, pairs=20)
-    with pytest.warns(UserWarning, match=r"classes \{3: '0 of 2'\}"):  # 3s among 200 inputs: min(4, n)/2 = 2
-        fit(tmp_path, [robustness], LearnsAtEpoch(never=3), epochs=1)
-    assert robustness.history == []
+    module = LearnsAtEpoch(never=3)
+    # 3s among 200 inputs: half of min(4, n) = 2 needed
+    with pytest.warns(UserWarning, match=r"measuring at epoch 0 without every class: classes \{3: '0 of 2'\}"):
+        trainer = fit(tmp_path, [robustness], module, epochs=2)
+    assert robustness.skipped == [] and [r["epoch"] for r in robustness.history] == [0, 1]  # feedback from epoch 0
+    for record in robustness.history:
+        assert record["short_classes"] == {3: "0 of 2"} and record["absent_classes"] == [3]
+        assert record["class_counts"] == {c: 4 for c in range(10) if c != 3}
+        for name, rates in record["class_failure_rates"].items():  # LR_p: the mean over the classes measured
+            present = [rate for c, rate in enumerate(rates) if c != 3]
+            assert rates[3] is None and record["logged"][f"robustness/{name}"] == pytest.approx(
+                1 - sum(present) / len(present), abs=1e-6
+            )
+    # still short at epoch 1: drawn again (same seed), so it would take class 3 in once the model gets it
+    assert robustness.state_dict()["probe"]["epoch"] == 1 and robustness.probe_set().seed == 0
+    logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("robustness/")}
+    assert logged == pytest.approx(robustness_logged(robustness, module), abs=1e-6)
+
+
+def test_a_set_short_of_a_class_is_drawn_again_until_every_class_is_filled(tmp_path: Path) -> None:
+    robustness = RobustnessCallback(budget=None, per_class=4, pairs=20)
+    with pytest.warns(UserWarning, match=r"the set is drawn again at the next measured validation"):
+        fit(tmp_path, [robustness], LearnsAtEpoch(never=3, never_before=1), epochs=3)
+    assert [r.get("short_classes") for r in robustness.history] == [{3: "0 of 2"}, None, None]
+    assert robustness.probe_set().class_counts == {c: 4 for c in range(10)}
+    assert robustness.state_dict()["probe"]["epoch"] == 1  # filled at 1, kept at 2
+
+
+@pytest.mark.parametrize(("never", "measured"), [((0, 1, 2, 3), True), ((0, 1, 2, 3, 4), False)])
+def test_a_balanced_set_is_measured_once_more_than_half_the_classes_are_filled(
+    tmp_path: Path, never: tuple[int, ...], measured: bool
+) -> None:
+    robustness = RobustnessCallback(budget=None, per_class=4, pairs=20, min_accuracy=None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(tmp_path, [robustness], LearnsAtEpoch(never=never), epochs=1)
+    assert bool(robustness.history) is measured
+    if not measured:
+        reason = robustness.skipped[0]["reason"]
+        assert "5 of 10 classes are filled, more than half (two at least) are needed" in reason
+        assert not any("without every class" in str(w.message) for w in caught)
+
+
+def test_a_resumed_run_fills_a_short_set_as_an_uninterrupted_run_does(tmp_path: Path) -> None:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def run(root: Path, ckpt: Path | None = None) -> RobustnessCallback:
+        robustness = RobustnessCallback(per_class=3, pairs=20, budget=None)
+        saver = ModelCheckpoint(dirpath=root / "checkpoints", save_top_k=-1, every_n_epochs=1)
+        trainer = quick_trainer(root, [robustness, saver], epochs=3, train_batches=2, val_batches=4)
+        trainer.fit(LearnsAtEpoch(never=3, never_before=2), datamodule=MNISTDataModule(batch_size=50), ckpt_path=ckpt)
+        return robustness
+
+    whole = run(tmp_path / "whole")
+    assert [bool(r.get("short_classes")) for r in whole.history] == [True, True, False]
+    resumed = run(tmp_path / "resumed", next((tmp_path / "whole" / "checkpoints").glob("epoch=0*.ckpt")))
+    assert [r["logged"] for r in resumed.history[-2:]] == [r["logged"] for r in whole.history[-2:]]
+    short = [[r.get("short_classes") for r in c.history[-2:]] for c in (resumed, whole)]
+    assert short[0] == short[1]
+    assert torch.equal(resumed.probe_set().all_keys, whole.probe_set().all_keys)
 
 
 def test_a_fit_that_never_becomes_measurable_says_why_at_the_end(tmp_path: Path) -> None:
