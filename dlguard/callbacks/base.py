@@ -103,7 +103,9 @@ class ProbeCallback(Callback, ABC):
       half (a class the model does not get yet) is measured on -- so feedback starts as soon as most
       classes can be measured -- with a warning naming them and their counts (kept in the record's
       ``"short_classes"``): their per-class numbers come from the inputs they hold, or are absent, and
-      the set is drawn again at each later measured validation of ``fit`` until every class is filled.
+      the set is drawn again (its seed) at each later measured validation of ``fit``, replaced when it
+      fills a class more, until every class is filled; the redraw clock below keeps the first draw's
+      epoch.
       ``min_accuracy="auto"`` (default) is a third of the way from chance ``1/K`` to 1 (0.40 for 10
       classes, 0.47 for 5): a from-scratch network that has collapsed onto one class waits until it
       has learnt something, and a trained one is measured at once. With
@@ -224,6 +226,7 @@ class ProbeCallback(Callback, ABC):
         self._probes: dict[str, ProbeSet] = {}
         self._drawn_epoch: dict[str, int] = {}  # the training epoch each stage's probe set was drawn at
         self._short: dict[str, dict[int, str]] = {}  # each stage's classes short of half in the set in use
+        self._refilling = False  # the running draw fills a set short of classes (its seed, its redraw clock)
         self._restored_probe: dict[str, Any] | None = None
         self._logits_width: int | None = None  # K, read at the first evaluation batch
         self._skipped_before_fit = 0
@@ -467,6 +470,7 @@ class ProbeCallback(Callback, ABC):
             in_use = self._probes[stage].seed if stage in self._probes else int((restore or {})["seed"])
             policy = replace(policy, seed=in_use)
         self._draw = ProbeSetDraw(policy, context=context, empty_ok=True)
+        self._refilling = not scheduled and drawn is not None
         self._draw_passes = 0
 
     @staticmethod
@@ -744,23 +748,32 @@ class ProbeCallback(Callback, ABC):
             with warnings.catch_warnings(record=True) as said:  # the draw's notes hold for a set measured on
                 warnings.simplefilter("always")
                 probe = self._finish(draw, stage)
+            refill, self._refilling = self._refilling, False
             reason = self._not_measurable(probe, draw.policy)
+            short = self._short_classes(probe, draw.policy)
+            if refill and (reason is not None or not short.keys() < self._short[stage].keys()):
+                # a refill that fills no class more: the set in use stays, quietly (drawn again next time)
+                self._allowed[stage], self._drawn_size[stage] = allowed_before, size_before
+                said = [note for note in said if not str(note.message).startswith("probe set:")]
+                reason, short = None, self._short[stage]
+                probe = self._probes[stage]
             forced = reason is not None and trainer.state.fn != "fit"
             if forced:  # asked for numbers now: measure, but say so
                 rank_zero_warn(
                     f"{type(self).__name__}: the {stage} numbers come from a model that cannot be measured well: "
                     f"{reason}"
                 )
-                reason = None
             for note in said:  # a refused set's shortfall is not news: the refusal says why, with the counts
-                if reason is None or not str(note.message).startswith("probe set:"):
+                if reason is None or forced or not str(note.message).startswith("probe set:"):
                     warnings.warn_explicit(note.message, note.category, note.filename, note.lineno)
-            if reason is None:
-                self._probes[stage] = probe
-                self._drawn_epoch[stage] = trainer.current_epoch
-                self._short[stage] = self._short_classes(probe, draw.policy)
-                if self._short[stage] and not forced:
-                    self._warn_short(trainer, stage, draw.policy.per_class)
+            if reason is None or forced:
+                said_short = forced and str(reason).startswith("classes ")  # the forced warning named them
+                if probe is not self._probes.get(stage):
+                    if not refill:  # a refill keeps the set's seed and its redraw clock
+                        self._drawn_epoch[stage] = trainer.current_epoch
+                    self._probes[stage], self._short[stage] = probe, short
+                    if short and not said_short:
+                        self._warn_short(trainer, stage, draw.policy.per_class)
             else:
                 self._allowed[stage], self._drawn_size[stage] = allowed_before, size_before  # the set in use
                 self._skip(trainer, stage, reason, kept=stage in self._probes)
@@ -845,6 +858,7 @@ class ProbeCallback(Callback, ABC):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._draw = self._restore_draw = None  # a draw cut short must not be finished by a later run
+        self._refilling = False
         self._resting = False
         self._loop_outputs.clear()
 

@@ -42,14 +42,16 @@ def _local_proposal(local: Mapping[str, LocalRobustnessResult], properties: Sequ
 class RobustnessCallback(ProbeCallback):
     """The comprehensive framework (SPEC §5) at the end of validation, on a fixed balanced probe set.
 
-    The probe set holds ``per_class`` inputs of every class that the model, as trained at the first
-    scheduled validation epoch, classifies correctly, drawn uniformly (content-keyed) from the
-    batches that epoch loads; classes with fewer are used whole, with a warning giving the counts,
+    The probe set holds ``per_class`` inputs of every class that the model, as trained at the
+    validation epoch the set is drawn at, classifies correctly, drawn uniformly (content-keyed) from
+    the batches that epoch loads; classes with fewer are used whole, with a warning giving the counts,
     and classes with none are reported (their ``LR_{c,p}`` is NaN and ``LR_p`` averages the others).
-    Measuring starts once more than half of the classes are at least half filled; until every class
-    is, the set is drawn again at each measured validation, so the guide's proposal gains the
-    classes the model learns late. See :class:`~dlguard.callbacks.ProbeCallback` for the schedule,
-    the probe-set policy and the arguments every dlguard callback takes.
+    Measuring starts once more than half of the classes (two at least) are at least half filled;
+    until every class is, the set is drawn again at each measured validation of ``fit`` and replaced
+    when it fills a class more, so the guide's proposal gains the classes the model learns late. A
+    short class counts in ``LR_p`` and in the proposal like any other, from the inputs it holds. See
+    :class:`~dlguard.callbacks.ProbeCallback` for the schedule, the probe-set policy and the
+    arguments every dlguard callback takes.
 
     Each measurement applies every property at every severity level
     (:func:`~dlguard.generate.robustness_sweep`, batched, the model in eval mode and left as found,

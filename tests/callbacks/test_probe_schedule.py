@@ -123,9 +123,12 @@ def test_without_an_accuracy_threshold_a_one_class_balanced_set_is_still_refused
 def test_a_class_the_model_never_predicts_is_named_and_the_others_measured(tmp_path: Path) -> None:
     robustness = RobustnessCallback(budget=None, per_class=4, pairs=20)
     module = LearnsAtEpoch(never=3)
-    # 3s among 200 inputs: half of min(4, n) = 2 needed
-    with pytest.warns(UserWarning, match=r"measuring at epoch 0 without every class: classes \{3: '0 of 2'\}"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         trainer = fit(tmp_path, [robustness], module, epochs=2)
+    said = [str(w.message) for w in caught if "without every class" in str(w.message)]
+    # 3s among 200 inputs: half of min(4, n) = 2 needed; said once: epoch 1's refill filled nothing more
+    assert len(said) == 1 and "measuring at epoch 0 without every class: classes {3: '0 of 2'}" in said[0]
     assert robustness.skipped == [] and [r["epoch"] for r in robustness.history] == [0, 1]  # feedback from epoch 0
     for record in robustness.history:
         assert record["short_classes"] == {3: "0 of 2"} and record["absent_classes"] == [3]
@@ -135,19 +138,21 @@ def test_a_class_the_model_never_predicts_is_named_and_the_others_measured(tmp_p
             assert rates[3] is None and record["logged"][f"robustness/{name}"] == pytest.approx(
                 1 - sum(present) / len(present), abs=1e-6
             )
-    # still short at epoch 1: drawn again (same seed), so it would take class 3 in once the model gets it
-    assert robustness.state_dict()["probe"]["epoch"] == 1 and robustness.probe_set().seed == 0
+    # drawn again at epoch 1 (same seed) to take class 3 in; it filled nothing more, so the set stayed
+    assert robustness.state_dict()["probe"]["epoch"] == 0 and robustness.probe_set().seed == 0
     logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("robustness/")}
     assert logged == pytest.approx(robustness_logged(robustness, module), abs=1e-6)
 
 
 def test_a_set_short_of_a_class_is_drawn_again_until_every_class_is_filled(tmp_path: Path) -> None:
-    robustness = RobustnessCallback(budget=None, per_class=4, pairs=20)
+    robustness = RobustnessCallback(budget=None, per_class=4, pairs=20, redraw_every_n_epochs=3)
     with pytest.warns(UserWarning, match=r"the set is drawn again at the next measured validation"):
-        fit(tmp_path, [robustness], LearnsAtEpoch(never=3, never_before=1), epochs=3)
-    assert [r.get("short_classes") for r in robustness.history] == [{3: "0 of 2"}, None, None]
-    assert robustness.probe_set().class_counts == {c: 4 for c in range(10)}
-    assert robustness.state_dict()["probe"]["epoch"] == 1  # filled at 1, kept at 2
+        fit(tmp_path, [robustness], LearnsAtEpoch(never=3, never_before=1), epochs=4)
+    assert [r.get("short_classes") for r in robustness.history] == [{3: "0 of 2"}, None, None, None]
+    sizes = [sum(r["class_counts"].values()) for r in robustness.history]
+    assert sizes == [36, 40, 40, 40]  # filled at 1 (seed 0), kept at 2
+    # the refill kept the redraw clock: the scheduled redraw came at 3, three epochs after the first draw
+    assert robustness.probe_set().seed == 3 and robustness.state_dict()["probe"]["epoch"] == 3
 
 
 @pytest.mark.parametrize(("never", "measured"), [((0, 1, 2, 3), True), ((0, 1, 2, 3, 4), False)])
@@ -163,6 +168,18 @@ def test_a_balanced_set_is_measured_once_more_than_half_the_classes_are_filled(
         reason = robustness.skipped[0]["reason"]
         assert "5 of 10 classes are filled, more than half (two at least) are needed" in reason
         assert not any("without every class" in str(w.message) for w in caught)
+
+
+def test_validate_names_the_short_classes_of_a_model_below_min_accuracy(tmp_path: Path) -> None:
+    robustness = RobustnessCallback(budget=None, per_class=4, pairs=20, min_accuracy=0.99)
+    trainer = quick_trainer(tmp_path, [robustness], val_batches=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.validate(LearnsAtEpoch(never=3), datamodule=MNISTDataModule(batch_size=50), verbose=False)
+    said = [str(w.message) for w in caught]
+    assert any("cannot be measured well: the validation accuracy" in m for m in said)
+    assert any("without every class: classes {3: '0 of 2'}" in m for m in said)
+    assert robustness.history[0]["short_classes"] == {3: "0 of 2"}
 
 
 def test_a_resumed_run_fills_a_short_set_as_an_uninterrupted_run_does(tmp_path: Path) -> None:
