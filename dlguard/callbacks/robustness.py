@@ -8,6 +8,7 @@ from typing import Any, Unpack
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from matplotlib.figure import Figure
 from torch import Tensor
 
@@ -49,7 +50,9 @@ class RobustnessCallback(ProbeCallback):
     Measuring starts once more than half of the classes (two at least) are at least half filled;
     until every class is, the set is drawn again at each measured validation of ``fit`` and replaced
     when it fills a class more, so the guide's proposal gains the classes the model learns late. A
-    short class counts in ``LR_p`` and in the proposal like any other, from the inputs it holds. See
+    short class counts in ``LR_p`` and in the proposal like any other, from the inputs it holds. A
+    property no probe input fails at any level (robustness 1.0 throughout) is named in a warning, once:
+    its figure is at the ceiling, and the guide never applies it. See
     :class:`~dlguard.callbacks.ProbeCallback` for the schedule, the probe-set policy and the
     arguments every dlguard callback takes.
 
@@ -143,6 +146,7 @@ class RobustnessCallback(ProbeCallback):
         self.error_summary: dict[str, Any] | None = None
         """The latest error summary as plain values (without its per-pair failure list), or ``None``."""
         self._pending_summary: ErrorSummary | None = None  # written out by rank zero after the measurement
+        self._said_saturated: set[str] = set()  # properties a warning has named as saturated
 
     @property
     def state_key(self) -> str:
@@ -238,6 +242,7 @@ class RobustnessCallback(ProbeCallback):
             proposal = summary.proposal
         else:
             proposal = _local_proposal(local, self.properties)
+        self._warn_if_saturated(trainer, record)
         if self.guide is not None and stage == "validation":
             self.proposal = proposal
             self.guide.set_proposal(proposal)
@@ -245,6 +250,28 @@ class RobustnessCallback(ProbeCallback):
         if self.bank is not None and stage == "validation":
             self.bank.add(*run.failures, origin="robustness")
         return record, logged
+
+    def _warn_if_saturated(self, trainer: L.Trainer, record: Mapping[str, Any]) -> None:
+        """A property no probe input fails at any level measures nothing: name it, and what it means for the guide."""
+        saturated = [name for name, entry in record["local"].items() if min(entry["lr_p"]) >= 1.0]
+        if not saturated or set(saturated) <= self._said_saturated:  # said once per property, when it first is
+            return
+        self._said_saturated |= set(saturated)
+        one = len(saturated) == 1
+        guide = ""
+        if self.guide is not None:
+            every = len(saturated) == len(record["local"])
+            guide = (
+                "; the guide's proposal is all zeros: it applies nothing"
+                if every
+                else (f"; the guide never applies {'it' if one else 'them'}")
+            )
+        rank_zero_warn(
+            f"RobustnessCallback: robustness is 1.0 at every level of {saturated} at epoch {trainer.current_epoch}: "
+            f"no probe input failed, so {'it is' if one else 'they are'} at the ceiling and cannot show the model "
+            f"growing more robust{guide}; for a figure that can move, give harsher levels "
+            "(properties=[Property(name, op, levels)])"
+        )
 
     def _warn_short_classes(self, probe: ProbeSet, stage: str) -> None:
         if probe.found_per_class is None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -45,6 +46,26 @@ def test_fit_logs_curves_and_writes_the_error_summary(tmp_path: Path) -> None:
     expected = robustness_logged(callback, trainer.lightning_module)
     got = {k: float(v) for k, v in logged.items() if "robustness/" in k}
     assert got == pytest.approx(expected, abs=1e-6)
+
+
+def test_a_property_no_input_fails_is_named_once_as_at_the_ceiling(tmp_path: Path) -> None:
+    unchanged = Property("unchanged", brightness_scale, (1.0,))  # x 1.0: every probe input stays as it was
+    properties = [unchanged, default_properties()[0]]  # beside noise, which fails some inputs at sigma 0.5
+    guide = ErrorGuidedAugmentation(properties)
+    callback = RobustnessCallback(properties=properties, budget=None, per_class=10, guide=guide)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = short_fit(tmp_path, [callback], epochs=1)
+        trainer.validate(trainer.lightning_module, datamodule=MNISTDataModule(batch_size=64), verbose=False)
+    said = [str(w.message) for w in caught if "no probe input failed" in str(w.message)]
+    assert said == [
+        "RobustnessCallback: robustness is 1.0 at every level of ['unchanged'] at epoch 0: no probe input failed, so "
+        "it is at the ceiling and cannot show the model growing more robust; the guide never applies it; for a "
+        "figure that can move, give harsher levels (properties=[Property(name, op, levels)])"
+    ]  # once, though fit and validate both measured it at 1.0
+    assert [min(r["local"]["unchanged"]["lr_p"]) for r in callback.history] == [1.0, 1.0]
+    assert min(callback.history[0]["local"]["noise"]["lr_p"]) < 1.0
+    assert [row[0] for row in callback.proposal] == [0.0] * 10  # the unchanged column: nothing to apply
 
 
 def test_without_an_adder_the_guide_follows_local_robustness(tmp_path: Path) -> None:
