@@ -252,7 +252,7 @@ class RobustnessCallback(ProbeCallback):
         return record, logged
 
     def _warn_if_saturated(self, trainer: L.Trainer, record: Mapping[str, Any]) -> None:
-        """A property no probe input fails at any level measures nothing: name it, and what it means for the guide."""
+        """A property no input fails at any level is at the ceiling: said once, and what it means for the guide."""
         saturated = [name for name, entry in record["local"].items() if min(entry["lr_p"]) >= 1.0]
         if not saturated or set(saturated) <= self._said_saturated:  # said once per property, when it first is
             return

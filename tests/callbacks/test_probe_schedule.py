@@ -164,7 +164,10 @@ def test_a_balanced_set_is_measured_once_more_than_half_the_classes_are_filled(
         warnings.simplefilter("always")
         fit(tmp_path, [robustness], LearnsAtEpoch(never=never), epochs=1)
     assert bool(robustness.history) is measured
-    if not measured:
+    if measured:  # six classes filled: measured on them, the four short ones named with their counts
+        assert robustness.history[0]["short_classes"] == {c: "0 of 2" for c in never}
+        assert sum("without every class" in str(w.message) for w in caught) == 1
+    else:
         reason = robustness.skipped[0]["reason"]
         assert "5 of 10 classes are filled, more than half (two at least) are needed" in reason
         assert not any("without every class" in str(w.message) for w in caught)
