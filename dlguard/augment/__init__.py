@@ -4,7 +4,7 @@ Also object relevancy's follow-ups (SPEC §3) and their cache: like every pertur
 (what runs a model lives in :mod:`dlguard.generate`).
 """
 
-from dlguard.augment.error_guided import ErrorGuidedAugmentation, guide_p, proposal_from_rates
+from dlguard.augment.error_guided import ErrorGuidedAugmentation, guide_p, proposal_from_rates, rates_with_prior
 from dlguard.augment.follow_up_cache import FollowUpCache
 from dlguard.augment.follow_ups import (
     MUTATION_FUNCTIONS,
@@ -46,4 +46,5 @@ __all__ = [
     "object_follow_ups",
     "property_preset",
     "proposal_from_rates",
+    "rates_with_prior",
 ]

@@ -12,7 +12,45 @@ from dlguard._validation import check_labels, probability
 from dlguard.augment.functional._inputs import values_trusted
 from dlguard.augment.properties import Property, default_properties
 
-__all__ = ["ErrorGuidedAugmentation", "guide_p", "proposal_from_rates"]
+__all__ = ["ErrorGuidedAugmentation", "guide_p", "proposal_from_rates", "rates_with_prior"]
+
+
+def rates_with_prior(rates: Tensor, counts: Tensor, wanted: Tensor | float) -> Tensor:
+    """Each class's failure rates with the inputs it lacks counted at the rate pooled over all classes.
+
+    A class measured on ``n`` of the ``wanted`` inputs it should hold gets
+    ``(n · rate + (wanted − n) · pooled) / wanted`` under each property, ``pooled`` being the property's
+    failure rate over every measured input, ``Σ n_c · rate_c / Σ n_c``; a class with ``n >= wanted``
+    keeps its own rate. A class without inputs -- one the model does not get right yet, so no probe
+    input qualified -- gets the pooled rate rather than 0: its absence is no evidence that it never
+    fails, and a proposal of 0 would keep the guide off it until the next measurement. ``wanted`` one
+    more than ``counts`` is a pseudo-input at the pooled rate for every class, as the metamorphic
+    violation guide uses.
+
+    Args:
+        rates: ``(classes, properties)`` failure rates; rows of classes without inputs may be NaN.
+        counts: inputs behind each rate, ``(classes,)`` or ``(classes, properties)``, non-negative.
+        wanted: inputs each class should hold, a number, ``(classes,)`` or ``(classes, properties)``;
+            a class wanting none still gets the pooled rate when it has no inputs.
+
+    Example:
+        >>> import torch
+        >>> rates = torch.tensor([[0.5], [0.25], [float("nan")]], dtype=torch.float64)
+        >>> counts = torch.tensor([4.0, 2.0, 0.0], dtype=torch.float64)  # pooled (2 + 0.5) / 6 = 5/12
+        >>> [round(v, 3) for v in rates_with_prior(rates, counts, 4).flatten().tolist()]
+        [0.5, 0.333, 0.417]
+    """
+
+    def per_cell(values: Tensor | float) -> Tensor:  # (classes,) per class, or broadcastable to the rates
+        values = torch.as_tensor(values, dtype=rates.dtype, device=rates.device)
+        return (values.unsqueeze(1) if values.ndim == 1 else values).expand_as(rates)
+
+    n = per_cell(counts)
+    observed = (rates.nan_to_num(0.0) * n).where(n > 0, 0.0)
+    pooled = observed.sum(0) / n.sum(0).clamp(min=1)  # (P,) the property's rate over every measured input
+    full = per_cell(wanted).clamp(min=1)
+    held = torch.maximum(n, full)
+    return (observed + (held - n) * pooled) / held
 
 
 def proposal_from_rates(rates: Tensor) -> Tensor:

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from dlguard._distributed import all_sum
 from dlguard._validation import optional_positive_int, positive_int
-from dlguard.augment.error_guided import ErrorGuidedAugmentation, guide_p, proposal_from_rates
+from dlguard.augment.error_guided import ErrorGuidedAugmentation, guide_p, proposal_from_rates, rates_with_prior
 from dlguard.augment.presets import property_preset
 from dlguard.augment.properties import Property, check_properties, check_property_inputs
 from dlguard.callbacks.base import ProbeCallback, ProbeOptions
@@ -61,9 +61,8 @@ def _violation_proposal(
     counts = all_sum(torch.cat([(members.T @ flips).flatten(), members.sum(0)]))
     violations, inputs = counts[: classes * len(properties)].view(classes, -1), counts[classes * len(properties) :]
     levels = torch.tensor([len(p.levels) for p in properties], dtype=torch.float64, device=counts.device)
-    overall = violations.sum(0) / (inputs.sum() * levels).clamp(min=1)  # (P,) each property's rate
-    rates = (violations + overall * levels) / ((inputs[:, None] + 1) * levels)
-    return proposal_from_rates(rates).tolist()
+    rates = violations / (inputs[:, None] * levels).clamp(min=1)
+    return proposal_from_rates(rates_with_prior(rates, inputs, inputs + 1)).tolist()  # one pseudo-input each
 
 
 class MetamorphicCallback(ProbeCallback):

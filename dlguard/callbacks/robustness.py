@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from dlguard._validation import optional_positive_int, positive_int
-from dlguard.augment.error_guided import ErrorGuidedAugmentation, guide_p, proposal_from_rates
+from dlguard.augment.error_guided import ErrorGuidedAugmentation, guide_p, proposal_from_rates, rates_with_prior
 from dlguard.augment.properties import Property, check_properties, check_property_inputs, default_properties
 from dlguard.callbacks.base import ProbeCallback, ProbeOptions
 from dlguard.data.failure_bank import FailureBank
@@ -27,17 +27,20 @@ from dlguard.utilities.plot import plot_robustness_curves
 __all__ = ["RobustnessCallback"]
 
 
-def _local_proposal(local: Mapping[str, LocalRobustnessResult], properties: Sequence[Property]) -> list[list[float]]:
+def _local_proposal(
+    local: Mapping[str, LocalRobustnessResult], properties: Sequence[Property], class_counts: Mapping[int, int]
+) -> list[list[float]]:
     """``[class][property]`` augmentation probabilities from local robustness alone (no adder).
 
     The failure rate of class ``c`` under property ``p`` is ``1 − LR_{c,p}`` averaged over the
-    levels (classes absent from the probe set: 0); as in the error summary's proposal, the weakest
-    cell gets probability 1 and the others their rate relative to it.
+    levels. A class holding fewer probe inputs than the fullest class is topped up to its count at the
+    property's rate over all probe inputs, so a class absent from the probe set (not learnt yet)
+    gets that rate, not 0 (:func:`~dlguard.augment.rates_with_prior`). As in the error summary's
+    proposal, the weakest cell gets probability 1 and the others their rate relative to it.
     """
-    rates = torch.stack(
-        [(1 - local[p.name].per_class).nan_to_num(0.0).mean(dim=0) for p in properties], dim=1
-    )  # (classes, properties)
-    return proposal_from_rates(rates).tolist()
+    rates = torch.stack([(1 - local[p.name].per_class).mean(dim=0) for p in properties], dim=1)  # (classes, props)
+    counts = torch.tensor([class_counts.get(c, 0) for c in range(rates.shape[0])], dtype=rates.dtype)
+    return proposal_from_rates(rates_with_prior(rates, counts.to(rates.device), counts.max())).tolist()
 
 
 class RobustnessCallback(ProbeCallback):
@@ -241,7 +244,7 @@ class RobustnessCallback(ProbeCallback):
             self._pending_summary = summary
             proposal = summary.proposal
         else:
-            proposal = _local_proposal(local, self.properties)
+            proposal = _local_proposal(local, self.properties, probe.class_counts)
         self._warn_if_saturated(trainer, record)
         if self.guide is not None and stage == "validation":
             self.proposal = proposal

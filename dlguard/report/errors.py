@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from dlguard._validation import check_combine, check_labels, positive_int
-from dlguard.augment.error_guided import proposal_from_rates
+from dlguard.augment.error_guided import proposal_from_rates, rates_with_prior
 from dlguard.metrics.functional.robustness import digit_sum
 
 __all__ = ["ErrorSummary", "summarize_errors"]
@@ -37,7 +37,8 @@ class ErrorSummary:
             keyword-only and empty by default, so a summary saved with ``to_dict(include_failures=False)``
             is restored by ``ErrorSummary(**saved)``.
         proposal: ``[class][property]`` augmentation probability, proportional to the failure
-            rate (the weakest cell gets 1), for :class:`~dlguard.augment.ErrorGuidedAugmentation`.
+            rate (the weakest cell gets 1), for :class:`~dlguard.augment.ErrorGuidedAugmentation`; a
+            cell no pair held an input of takes the property's rate over all classes, not 0.
     """
 
     properties: list[str]
@@ -254,7 +255,7 @@ def summarize_errors(
         {"true": t, "predicted": p, "property": prop, "count": n}
         for (t, p, prop), n in sorted(confusion_counts.items(), key=lambda item: (-item[1], item[0]))
     ]
-    proposal = proposal_from_rates(failure_rate)
+    proposal = proposal_from_rates(rates_with_prior(failure_rate, seen, 1))  # a cell without inputs: the pooled rate
     return ErrorSummary(
         properties=names,
         num_classes=num_classes,
