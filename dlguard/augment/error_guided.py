@@ -40,6 +40,15 @@ def rates_with_prior(rates: Tensor, counts: Tensor, wanted: Tensor | float) -> T
         >>> [round(v, 3) for v in rates_with_prior(rates, counts, 4).flatten().tolist()]
         [0.5, 0.333, 0.417]
     """
+    if not isinstance(rates, Tensor) or rates.ndim != 2:
+        raise ValueError(f"rates: expected a (classes, properties) tensor, got {getattr(rates, 'shape', rates)!r}")
+    for name, values in (("counts", counts), ("wanted", wanted)):
+        values = torch.as_tensor(values)
+        if values.shape not in {(), rates.shape[:1], rates.shape} or values.isnan().any() or (values < 0).any():
+            raise ValueError(
+                f"{name}: expected non-negative input counts, one per class {tuple(rates.shape[:1])} or per cell "
+                f"{tuple(rates.shape)}, got {tuple(values.shape)} tensor"
+            )
 
     def per_cell(values: Tensor | float) -> Tensor:  # (classes,) per class, or broadcastable to the rates
         values = torch.as_tensor(values, dtype=rates.dtype, device=rates.device)

@@ -11,6 +11,7 @@ from dlguard.augment import (
     default_properties,
     label_preserving_properties,
     proposal_from_rates,
+    rates_with_prior,
 )
 
 from .conftest import HostSyncRecorder
@@ -212,3 +213,34 @@ def test_a_proposal_from_rates_gives_the_weakest_cell_one_and_the_others_their_s
     ]:
         with pytest.raises(ValueError, match=message):
             proposal_from_rates(bad)  # type: ignore[arg-type]
+
+
+def test_rates_with_prior_tops_a_short_class_up_at_the_pooled_rate() -> None:
+    rates = torch.tensor([[0.5, 0.0], [0.25, 1.0], [float("nan"), float("nan")]], dtype=torch.float64)
+    counts = torch.tensor([4, 2, 0])  # class 2 absent: no input qualified
+    # pooled by hand: (4 x 0.5 + 2 x 0.25) / 6 = 5/12 and (0 + 2 x 1) / 6 = 1/3
+    expected = [[0.5, 0.0], [(0.5 + 2 * 5 / 12) / 4, (2 + 2 / 3) / 4], [5 / 12, 1 / 3]]
+    assert torch.allclose(rates_with_prior(rates, counts, 4), torch.tensor(expected, dtype=torch.float64))
+    at_two = torch.tensor([[0.5, 0.0], [0.25, 1.0], [5 / 12, 1 / 3]], dtype=torch.float64)  # class 1 is full
+    assert torch.allclose(rates_with_prior(rates, counts, 2), at_two)
+    assert rates_with_prior(rates, counts, 0)[2].tolist() == pytest.approx([5 / 12, 1 / 3])  # none wanted, none held
+    assert rates_with_prior(torch.zeros(3, 2), torch.zeros(3), 4).tolist() == [[0.0, 0.0]] * 3  # nothing measured
+    for bad, message in [
+        ((torch.ones(3), counts, 4), "rates: expected a \\(classes, properties\\)"),
+        ((rates, torch.tensor([4, 2]), 4), "counts: expected non-negative input counts, one per class \\(3,\\)"),
+        ((rates, torch.tensor([4, -1, 0]), 4), "counts: expected non-negative"),
+        ((rates, counts, -1), "wanted: expected non-negative"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            rates_with_prior(*bad)
+
+
+def test_one_pseudo_input_each_is_the_metamorphic_shrinkage_written_out() -> None:
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.tensor([3.0, 0.0, 1.0, 5.0], dtype=torch.float64)
+    levels = torch.tensor([2.0, 5.0], dtype=torch.float64)
+    violations = torch.floor(torch.rand(4, 2, generator=generator, dtype=torch.float64) * inputs[:, None] * levels)
+    overall = violations.sum(0) / (inputs.sum() * levels)  # each property's rate over every source and level
+    reference = (violations + overall * levels) / ((inputs[:, None] + 1) * levels)
+    rates = violations / (inputs[:, None] * levels).clamp(min=1)
+    assert torch.allclose(rates_with_prior(rates, inputs, inputs + 1), reference)

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from dlguard._random import content_keys
+from dlguard.augment import ErrorGuidedAugmentation
 from dlguard.callbacks import DScoreCallback, RobustnessCallback
 from dlguard.data import MNISTDataModule
 from dlguard.zoo import ClassifierModule, pretrained
@@ -142,6 +143,26 @@ def test_a_class_the_model_never_predicts_is_named_and_the_others_measured(tmp_p
     assert robustness.state_dict()["probe"]["epoch"] == 0 and robustness.probe_set().seed == 0
     logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("robustness/")}
     assert logged == pytest.approx(robustness_logged(robustness, module), abs=1e-6)
+
+
+def test_a_class_absent_from_the_probe_set_is_proposed_at_the_rate_of_all_classes(tmp_path: Path) -> None:
+    guide = ErrorGuidedAugmentation()
+    robustness = RobustnessCallback(budget=None, per_class=4, guide=guide)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit(tmp_path, [robustness], LearnsAtEpoch(never=3), epochs=1)
+    record = robustness.history[0]
+    assert record["absent_classes"] == [3] and set(record["class_counts"].values()) == {4}
+    names = [p.name for p in robustness.properties]
+    rates = [[record["class_failure_rates"][name][c] for name in names] for c in range(10)]
+    pooled = [sum(row[j] for c, row in enumerate(rates) if c != 3) / 9 for j in range(len(names))]  # equal counts
+    rates[3] = pooled  # not 0: the guide is not kept off a class the model does not get yet
+    top = max(max(row) for row in rates)
+    assert top > 0 and max(pooled) > 0
+    expected = [[rate / top for rate in row] for row in rates]
+    for row, want in zip(robustness.proposal, expected, strict=True):
+        assert row == pytest.approx(want, abs=1e-9)
+    assert torch.allclose(guide.proposal.double(), torch.tensor(expected, dtype=torch.float64), atol=1e-6)
 
 
 def test_a_set_short_of_a_class_is_drawn_again_until_every_class_is_filled(tmp_path: Path) -> None:

@@ -90,6 +90,10 @@ def test_failed_pairs_by_hand() -> None:
         (5, "noise", 0.5),
     ]
     assert [f["mispredicted"] for f in summary.failures] == [[True, False], [True, False]]
+    # a cell no pair held an input of takes the property's pooled rate (noise 1 of 4, rotation 3 of 4), not 0
+    assert summary.proposal[0] == pytest.approx([0.25, 0.75]) and summary.proposal[5] == pytest.approx([0.5, 0.75])
+    assert summary.proposal[1] == pytest.approx([0.0, 0.75]) and summary.proposal[3] == pytest.approx([0.25, 1.0])
+    assert summary.failure_rate[0] == [0.0, 0.0]  # the reported rates stay what was measured
 
 
 def test_bad_input() -> None:
