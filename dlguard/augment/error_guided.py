@@ -42,22 +42,23 @@ def rates_with_prior(rates: Tensor, counts: Tensor, wanted: Tensor | float) -> T
     """
     if not isinstance(rates, Tensor) or rates.ndim != 2:
         raise ValueError(f"rates: expected a (classes, properties) tensor, got {getattr(rates, 'shape', rates)!r}")
-    for name, values in (("counts", counts), ("wanted", wanted)):
-        values = torch.as_tensor(values)
-        if values.shape not in {(), rates.shape[:1], rates.shape} or values.isnan().any() or (values < 0).any():
+
+    def per_cell(name: str, values: Tensor | float) -> Tensor:  # (classes,) per class, or one per cell
+        values = torch.as_tensor(values, device=rates.device)
+        if values.shape not in {(), rates.shape[:1], rates.shape}:
             raise ValueError(
-                f"{name}: expected non-negative input counts, one per class {tuple(rates.shape[:1])} or per cell "
-                f"{tuple(rates.shape)}, got {tuple(values.shape)} tensor"
+                f"{name}: expected one count per class {tuple(rates.shape[:1])} or per cell {tuple(rates.shape)}, "
+                f"got shape {tuple(values.shape)}"
             )
+        if (values != values.round()).any() or (values < 0).any():
+            raise ValueError(f"{name}: expected whole, non-negative input counts")
+        return (values.unsqueeze(1) if values.ndim == 1 else values).to(rates.dtype).expand_as(rates)
 
-    def per_cell(values: Tensor | float) -> Tensor:  # (classes,) per class, or broadcastable to the rates
-        values = torch.as_tensor(values, dtype=rates.dtype, device=rates.device)
-        return (values.unsqueeze(1) if values.ndim == 1 else values).expand_as(rates)
-
-    n = per_cell(counts)
+    n, full = per_cell("counts", counts), per_cell("wanted", wanted).clamp(min=1)
+    if (rates[n > 0].isnan() | (rates[n > 0] < 0)).any():
+        raise ValueError("rates: expected non-negative failure rates without NaN where a class has inputs")
     observed = (rates.nan_to_num(0.0) * n).where(n > 0, 0.0)
     pooled = observed.sum(0) / n.sum(0).clamp(min=1)  # (P,) the property's rate over every measured input
-    full = per_cell(wanted).clamp(min=1)
     held = torch.maximum(n, full)
     return (observed + (held - n) * pooled) / held
 

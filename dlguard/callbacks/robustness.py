@@ -55,7 +55,8 @@ class RobustnessCallback(ProbeCallback):
     when it fills a class more, so the guide's proposal gains the classes the model learns late. A
     short class counts in ``LR_p`` like any other, from the inputs it holds; in the proposal the inputs
     it lacks count at the property's rate over all probe inputs, so a class absent from the set gets
-    that rate rather than 0 and the guide is not kept off it (:func:`~dlguard.augment.rates_with_prior`). A
+    that rate rather than 0 and the guide is not kept off it (:func:`~dlguard.augment.rates_with_prior`;
+    with ``combine`` the error summary's proposal does this for the classes no pair drew). A
     property no probe input fails at any level (robustness 1.0 throughout) is named in a warning, once:
     its figure is at the ceiling, and the guide never applies it. See
     :class:`~dlguard.callbacks.ProbeCallback` for the schedule, the probe-set policy and the

@@ -227,9 +227,12 @@ def test_rates_with_prior_tops_a_short_class_up_at_the_pooled_rate() -> None:
     assert rates_with_prior(torch.zeros(3, 2), torch.zeros(3), 4).tolist() == [[0.0, 0.0]] * 3  # nothing measured
     for bad, message in [
         ((torch.ones(3), counts, 4), "rates: expected a \\(classes, properties\\)"),
-        ((rates, torch.tensor([4, 2]), 4), "counts: expected non-negative input counts, one per class \\(3,\\)"),
-        ((rates, torch.tensor([4, -1, 0]), 4), "counts: expected non-negative"),
-        ((rates, counts, -1), "wanted: expected non-negative"),
+        ((rates, torch.tensor([4, 2]), 4), "counts: expected one count per class \\(3,\\) or per cell \\(3, 2\\)"),
+        ((rates, torch.tensor([4, -1, 0]), 4), "counts: expected whole, non-negative input counts"),
+        ((rates, torch.tensor([4.0, 1.5, 0.0]), 4), "counts: expected whole, non-negative input counts"),
+        ((rates, counts, -1), "wanted: expected whole, non-negative"),
+        ((rates.nan_to_num(0.0) - 0.5, counts, 4), "rates: expected non-negative failure rates without NaN where"),
+        ((torch.tensor([[0.5, 0.0], [float("nan"), 1.0], [0.0, 0.0]]), counts, 4), "rates: expected non-negative"),
     ]:
         with pytest.raises(ValueError, match=message):
             rates_with_prior(*bad)

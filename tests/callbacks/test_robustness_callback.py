@@ -82,6 +82,12 @@ def test_without_an_adder_the_guide_follows_local_robustness(tmp_path: Path) -> 
                 wrong = (model(prop(probe.inputs, level)).argmax(1) != probe.target).float()
                 rates[:, column] += torch.zeros(10).index_add_(0, probe.target, wrong) / torch.bincount(probe.target)
         rates /= torch.tensor([len(p.levels) for p in properties])
+    counts = torch.bincount(probe.target, minlength=10).tolist()
+    assert min(counts) < max(counts)  # a class short of per_class: the inputs it lacks count at the pooled rate
+    for column in range(2):
+        pooled = sum(n * float(rates[c, column]) for c, n in enumerate(counts)) / sum(counts)
+        for c, n in enumerate(counts):
+            rates[c, column] = (n * rates[c, column] + (max(counts) - n) * pooled) / max(counts)
     assert callback.error_summary is None and rates.max() > 0
     torch.testing.assert_close(guide.proposal, rates / rates.max())
     # what the guide now applies, logged: half strength times the reference table's mean
