@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import faulthandler
 import os
 import sys
@@ -87,6 +88,17 @@ def run_on_two_processes(fn: Callable[[int, int], Any], tmp_path: Path) -> Any:
     store = Path(tempfile.mkdtemp(prefix="rendezvous-", dir=tmp_path)) / "store"  # fresh per call
     mp.spawn(_run, args=(2, store, fn, str(out)), nprocs=2, join=True)
     return torch.load(out, weights_only=False)
+
+
+def logged_by_epoch(path: Path) -> dict[int, dict[str, float]]:
+    """``{epoch: {key: value}}`` of the ``<prefix>/<name>`` figures a CSVLogger wrote to ``path`` (metrics.csv)."""
+    by_epoch: dict[int, dict[str, float]] = {}
+    with path.open() as handle:
+        for row in csv.DictReader(handle):
+            figures = {key: float(value) for key, value in row.items() if value and "/" in key}
+            if figures:
+                by_epoch.setdefault(int(row["epoch"]), {}).update(figures)
+    return by_epoch
 
 
 def split_spent(logged: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:

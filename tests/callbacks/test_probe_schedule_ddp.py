@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import warnings
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import tests.callbacks.test_probe_schedule as schedule
 from dlguard.augment import ErrorGuidedAugmentation
 from dlguard.callbacks import RobustnessCallback
 from dlguard.data import MNISTDataModule
-from tests.quick import quick_trainer, split_spent
+from tests.quick import logged_by_epoch, quick_trainer, split_spent
 
 
 def _run(root: Path, devices: int) -> tuple[dict[int, dict[str, float]], RobustnessCallback]:
@@ -24,12 +23,7 @@ def _run(root: Path, devices: int) -> tuple[dict[int, dict[str, float]], Robustn
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(module, datamodule=MNISTDataModule(batch_size=250))
-    with (root / "metrics.csv").open() as handle:
-        rows = [row for row in csv.DictReader(handle) if any(v and k.startswith("robustness/") for k, v in row.items())]
-    logged: dict[int, dict[str, float]] = {}
-    for row in rows:
-        logged.setdefault(int(row["epoch"]), {}).update({k: float(v) for k, v in row.items() if v and "/" in k})
-    return logged, robustness
+    return logged_by_epoch(root / "metrics.csv"), robustness
 
 
 @pytest.mark.ddp

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import pickle
 from pathlib import Path
@@ -14,7 +13,7 @@ from dlguard.callbacks import DScoreCallback, FailureReplay, NeuronCoverageCallb
 from dlguard.data import MNISTDataModule
 from dlguard.metrics.functional import digit_sum
 from dlguard.zoo import ClassifierModule, pretrained
-from tests.quick import quick_trainer, split_spent
+from tests.quick import logged_by_epoch, quick_trainer, split_spent
 
 
 def default_callbacks() -> list:
@@ -49,12 +48,7 @@ def _run(tmp_path: Path, devices: int) -> tuple[dict[int, dict[str, float]], Pat
     # lr 1e-12: the training step leaves the weights as they are, so both runs measure the same model on
     # the same 1,000 validation digits (500 per process under DDP)
     trainer.fit(ClassifierModule(pretrained("mnist_a"), lr=1e-12), datamodule=MNISTDataModule(batch_size=250))
-    with (tmp_path / "metrics.csv").open() as handle:
-        rows = [row for row in csv.DictReader(handle) if any(value and "/" in key for key, value in row.items())]
-    by_epoch: dict[int, dict[str, float]] = {}
-    for row in rows:
-        by_epoch.setdefault(int(row["epoch"]), {}).update({k: float(v) for k, v in row.items() if v and "/" in k})
-    return by_epoch, tmp_path
+    return logged_by_epoch(tmp_path / "metrics.csv"), tmp_path
 
 
 @pytest.mark.ddp
