@@ -231,8 +231,9 @@ class ProbeCallback(Callback, ABC):
         self._logits_width: int | None = None  # K, read at the first evaluation batch
         self._skipped_before_fit = 0
         self.skipped: list[dict[str, Any]] = []
-        """Scheduled measurements that did not happen because the model could not be measured yet:
-        ``{"epoch", "stage", "reason"}`` each, the reason with its counts (also said in a warning)."""
+        """Probe set draws refused because the model could not be measured yet: ``{"epoch", "stage", "reason",
+        "kept"}`` each, the reason with its counts (also said in a warning); ``kept`` is ``True`` when that
+        validation measured on the set already in use (a refused redraw), ``False`` when it measured nothing."""
         self._read_train_batch = False
         self._read_eval_batch = False
         self._measured_in_fit = False
@@ -690,7 +691,7 @@ class ProbeCallback(Callback, ABC):
             if kept
             else "nothing is logged; the next scheduled validation draws again"
         )
-        self.skipped.append({"epoch": trainer.current_epoch, "stage": stage, "reason": reason})
+        self.skipped.append({"epoch": trainer.current_epoch, "stage": stage, "reason": reason, "kept": kept})
         rank_zero_warn(f"{type(self).__name__}: no probe set at epoch {trainer.current_epoch}: {reason}; {then}")
 
     def _allowed_passes(self, seen: int) -> int | None:

@@ -78,7 +78,7 @@ def test_a_collapsed_model_is_not_measured_until_it_has_learnt(tmp_path: Path) -
     with pytest.warns(UserWarning, match=r"RobustnessCallback: no probe set at epoch 0: the validation accuracy 0\.1"):
         trainer = fit(tmp_path, [robustness, dscore], module)
     for callback in (robustness, dscore):
-        assert [s["epoch"] for s in callback.skipped] == [0]
+        assert [(s["epoch"], s["kept"]) for s in callback.skipped] == [(0, False)]  # nothing measured at 0
         assert (
             "below min_accuracy='auto' (a third of the way from chance 1/10 to 1): 0.400"
             in callback.skipped[0]["reason"]
@@ -354,10 +354,11 @@ def test_a_refused_redraw_keeps_the_set_in_use_and_a_resumed_run_does_the_same(t
     whole = run(tmp_path / "whole")
     # drawn at 0; the redraw due at 2 meets a collapsed model and is refused, so epoch 2 is measured on the
     # epoch-0 set; at 3 the redraw is tried again and kept (seed 0 + 3)
-    assert [s["epoch"] for s in whole.skipped] == [2] and [r["epoch"] for r in whole.history] == [0, 1, 2, 3]
+    assert [(s["epoch"], s["kept"]) for s in whole.skipped] == [(2, True)]  # measured on the set in use
+    assert [r["epoch"] for r in whole.history] == [0, 1, 2, 3]
     assert whole.history[2]["baseline_acc"] < 0.2 and whole.probe_set().seed == 3
     resumed = run(tmp_path / "resumed", next((tmp_path / "whole" / "checkpoints").glob("epoch=1*.ckpt")))
-    assert [s["epoch"] for s in resumed.skipped] == [2]
+    assert resumed.skipped == whole.skipped
     assert [r["logged"] for r in resumed.history[-2:]] == [r["logged"] for r in whole.history[-2:]]
     assert torch.equal(resumed.probe_set().all_keys, whole.probe_set().all_keys)
 
