@@ -233,7 +233,8 @@ class ProbeCallback(Callback, ABC):
         self.skipped: list[dict[str, Any]] = []
         """Probe set draws refused because the model could not be measured yet: ``{"epoch", "stage", "reason",
         "kept"}`` each, the reason with its counts (also said in a warning); ``kept`` is ``True`` when that
-        validation measured on the set already in use (a refused redraw), ``False`` when it measured nothing."""
+        validation measured on the set already in use (a refused redraw), ``False`` when it measured nothing
+        (``None``: a checkpoint from before it was recorded)."""
         self._read_train_batch = False
         self._read_eval_batch = False
         self._measured_in_fit = False
@@ -985,7 +986,7 @@ class ProbeCallback(Callback, ABC):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = list(state_dict.get("history", []))
-        self.skipped = list(state_dict.get("skipped", []))
+        self.skipped = [{"kept": None, **entry} for entry in state_dict.get("skipped", [])]  # None: not recorded
         self._skipped_before_fit = len(self.skipped)  # a resumed fit warns about its own refusals only
         self._probes.pop("validation", None)
         self._drawn_epoch.pop("validation", None)

@@ -363,6 +363,13 @@ def test_a_refused_redraw_keeps_the_set_in_use_and_a_resumed_run_does_the_same(t
     assert torch.equal(resumed.probe_set().all_keys, whole.probe_set().all_keys)
 
 
+def test_a_checkpoint_from_before_kept_was_recorded_loads_with_kept_unknown() -> None:
+    dscore = DScoreCallback(n=2)
+    old = {"epoch": 2, "stage": "validation", "reason": "the validation accuracy 0.1 is below min_accuracy"}
+    dscore.load_state_dict({**dscore.state_dict(), "skipped": [old]})
+    assert dscore.skipped == [{**old, "kept": None}] and "kept" not in old  # the checkpoint's entry is not changed
+
+
 class NothingRight(ClassifierModule):
     """Eleven logits, the eleventh (no digit's) always the largest: no input is classified correctly."""
 
