@@ -26,7 +26,8 @@ control draws from (default ``framework``, the trio; several: their union, a rep
 the first preset's property).
 Each run records the flags other than the defaults that changed it (``options``), and the tables
 name them beside the arm: ``metamorphic [--metamorphic budget=None]``. ``--combine`` names the loops the
-``dlguard`` arm combines (default: all of the setting's). ``--accelerator gpu`` fits and judges on the GPU.
+``dlguard`` arm combines, in the order their callbacks transform a batch (default: all of the setting's,
+``COMBINE_ORDER``: D-Score's padding first). ``--accelerator gpu`` fits and judges on the GPU.
 ``--on NAME`` trains every loop and control arm on top of that standard augmentation, as a user who adds
 dlguard to a pipeline that already augments would: it transforms the loader's rows first, before any
 guide or replay (as a dataset transform would), so replayed failures go in as they were found. The
@@ -47,8 +48,9 @@ to the training batches differs:
   (``DScoreCallback`` + ``ScoreGuidedPadding``), ``hda`` (``HDACallback`` + ``FailureReplay``),
   ``metamorphic`` (``MetamorphicCallback`` + ``FailureReplay``), on the scenes ``relevancy``
   (``ObjectRelevancyCallback`` + ``FailureReplay``: each unreliable inference's digit on ten fresh
-  backgrounds), and ``dlguard`` (all of them on one bank; its record's ``dose`` holds the first guide's
-  strength in each epoch and, under ``guides``, the others', D-Score's padding ``p`` among them);
+  backgrounds), and ``dlguard`` (all of them on one bank; its record's ``dose`` holds the robustness
+  guide's strength in each epoch (without it, the first guide's) and, under ``guides``, the others',
+  D-Score's padding ``p`` among them);
 - each loop's open-loop control, ``<loop>-open``: the same generator's test cases, *not* chosen by
   detection, at the same dose. The loop's run is recorded -- how many failures it deposited at
   which validation, its replay fraction, its guide's strength in each epoch -- and the control
@@ -579,11 +581,11 @@ def loop_arm(name: str, setting: Setting, seed: int) -> Arm:
     if setting.val_masks is None:  # object relevancy needs the objects' masks: the scenes have them
         arms_for(setting, [name], COMBINED if name == "dlguard" else [])  # refuses relevancy, naming the flag
         del parts["relevancy"]
-    chosen = (list(dict.fromkeys(COMBINED)) or list(parts)) if name == "dlguard" else [name]
+    chosen = combined_loops(setting) if name == "dlguard" else [name]
     made = [parts[part]() for part in chosen]
     callbacks = [callback for callback, _ in made]
     guided = {part: (c, g) for part, (c, g) in zip(chosen, made, strict=True) if g is not None}
-    owner, guide = next(iter(guided.values()), (None, None))  # the first guide is the arm's dose
+    owner, guide = guided.get("robustness") or next(iter(guided.values()), (None, None))  # the arm's dose
     uses_bank = name != "dscore"
     others = {part: pair for part, pair in guided.items() if pair[1] is not guide}
     dose = Dose(bank if uses_bank else None, guide, owner, others)
@@ -646,9 +648,19 @@ global RNG, which also moves training's shuffles (every run before 2026-11-27 dr
 PROPERTIES: list[str] = ["framework"]
 """The property presets the robustness loop sweeps, its guide applies and its control draws (``--properties``)."""
 COMBINED: list[str] = []
-"""The loops the ``dlguard`` arm combines (``--combine``); empty: all the setting has (relevancy: the scenes)."""
+"""The loops the ``dlguard`` arm combines (``--combine``), in this order; empty: the setting's, ``COMBINE_ORDER``."""
+COMBINE_ORDER = ("dscore", "robustness", "hda", "metamorphic", "relevancy")
+"""The order the ``dlguard`` arm's callbacks transform a batch in by default: D-Score's padding, which resamples
+the image, before the robustness loop's photometric guide, as README's examples list them (docs/closed_loop.md,
+"D-Score's padding before the photometric guide"; until 2026-11-29 ``robustness dscore hda relevancy metamorphic``)."""
 CONTROLS = ("robustness-open", "dscore-open", "hda-open", "hda-pgd", "metamorphic-open", "relevancy-open")
 ARMS = ("plain", *STANDARD, *REFERENCES, *LOOPS, *CONTROLS)
+
+
+def combined_loops(setting: Setting) -> list[str]:
+    """The loops the ``dlguard`` arm combines, in the order they transform a batch (relevancy: the scenes)."""
+    given = list(dict.fromkeys(COMBINED))
+    return given or [loop for loop in COMBINE_ORDER if setting.val_masks is not None or loop != "relevancy"]
 
 
 # ---- judging ------------------------------------------------------------------------------------
@@ -814,8 +826,8 @@ def fit(
               "epochs": epochs}  # fmt: skip
     if isinstance(arm.callbacks[0] if arm.callbacks else None, Underneath):  # make_arm put it under the arm
         record["on"] = ON[0]
-    if arm_name == "dlguard" and COMBINED:  # a subset of the loops: the tables name it
-        record["combine"] = list(COMBINED)
+    if arm_name == "dlguard":  # its loops in their order, named in the tables (before 2026-11-29: --combine only)
+        record["combine"] = combined_loops(setting)
     if options := given_options(arm_name, setting):  # flags other than the defaults: the tables name them
         record["options"] = options
     if arm.dose is not None:
@@ -866,9 +878,7 @@ def given_options(arm_name: str, setting: Setting) -> dict[str, Any]:
         "relevancy": ["relevancy", "replay", "bank"],
     }
     if loop == "dlguard":
-        combined = list(dict.fromkeys(COMBINED)) or [name for name in flags if setting.val_masks is not None
-                                                     or name != "relevancy"]  # fmt: skip
-        names = [name for part in combined for name in flags[part]]
+        names = [name for part in combined_loops(setting) for name in flags[part]]
     elif loop in flags:
         names = flags[loop] + (["control_draws"] if variant and loop in guided else [])
     else:
@@ -928,7 +938,7 @@ def _where(run: dict) -> str:
 
 
 def _label(arm: str, runs: list[dict]) -> str:
-    """The arm's name, with the loops it combined (``--combine``), the augmentation under it (``--on``) and its flags.
+    """The arm's name, with the loops it combined in order, the augmentation under it (``--on``) and its flags.
 
     ``dlguard (metamorphic+hda) on noise [--metamorphic budget=None]``; :func:`merge` keys such runs by it,
     so that one file's ``dlguard`` and another's stay apart. A name that already holds a space is a label already.
@@ -1053,9 +1063,10 @@ def merge(files: list[dict[str, list[dict]]]) -> dict[str, list[dict]]:
 
     Returns:
         Every arm's runs, arms in ``ARMS`` order, runs sorted by ``seed``. An arm trained on top of a standard
-        augmentation (``--on``), combining some loops (``--combine``) or with flags other than the defaults
-        (``options``) is its own arm, keyed by its label, ``"dlguard (metamorphic+hda) on noise"`` or
-        ``"metamorphic [--metamorphic budget=None]"``, beside ``"dlguard"`` or ``"metamorphic"`` of another file.
+        augmentation (``--on``), combining loops (every ``dlguard`` run from 2026-11-29, before only under
+        ``--combine``) or with flags other than the defaults (``options``) is its own arm, keyed by its label,
+        ``"dlguard (metamorphic+hda) on noise"`` or ``"metamorphic [--metamorphic budget=None]"``, beside
+        ``"dlguard"`` or ``"metamorphic"`` of another file.
         A seed that an arm ran in two files is kept once when the two runs judged alike (every figure but the
         fit time: a rerun of the same deterministic run) and refused otherwise; runs without a ``seed`` (files
         written before runs recorded it) keep their order, and the same such file merged twice is not noticed.

@@ -418,6 +418,23 @@ def test_a_loop_s_guide_transforms_the_batch_before_the_replay_puts_its_failures
     assert all(order.index(name) < replay for name in ("RobustnessCallback", "DScoreCallback", "MetamorphicCallback"))
 
 
+def test_d_score_s_padding_resamples_the_batch_before_the_photometric_guide_transforms_it(
+    setting: cl.Setting, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the padding first by default (docs/closed_loop.md, "D-Score's padding before the photometric guide");
+    # --combine keeps the order it is given
+    def order() -> list[str]:
+        arm = cl.loop_arm("dlguard", setting, 0)
+        trainer = cl.L.Trainer(callbacks=arm.callbacks, logger=False, enable_checkpointing=False)
+        return [type(c).__name__ for c in trainer.callbacks if type(c).__name__.endswith("Callback")]
+
+    assert cl.combined_loops(setting) == ["dscore", "robustness", "hda", "metamorphic"]  # MNIST: no objects
+    assert order() == ["DScoreCallback", "RobustnessCallback", "HDACallback", "MetamorphicCallback"]
+    monkeypatch.setattr(cl, "COMBINED", ["robustness", "dscore", "robustness"])
+    assert cl.combined_loops(setting) == ["robustness", "dscore"]
+    assert order() == ["RobustnessCallback", "DScoreCallback"]
+
+
 def test_on_a_standard_augmentation_the_loader_s_rows_are_augmented_and_replayed_failures_are_not(
     setting: cl.Setting, monkeypatch: pytest.MonkeyPatch
 ) -> None:
