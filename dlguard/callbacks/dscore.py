@@ -65,7 +65,9 @@ class DScoreCallback(ProbeCallback):
         n: grid size (``>= 2``).
         t: padding step divisor of the translation (``> 1``).
         probe_size: probe inputs in total (over all processes).
-        guide: a :class:`~dlguard.augment.ScoreGuidedPadding` to drive, or ``None``.
+        guide: a :class:`~dlguard.augment.ScoreGuidedPadding` to drive, or ``None``. Guides transform a batch
+            in the ``Trainer``'s callback order: list this callback before one with a photometric guide, whose
+            noise and blur the padding's resampling would otherwise shrink.
         p_from: which measurement sets the guide's ``p``: ``"latest"`` or ``"unpadded"`` (above).
         layers: conv layers to mutate (default every ``Conv2d``).
         num_classes: ``K``; default the width of the model's logits.
