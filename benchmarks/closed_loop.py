@@ -556,6 +556,7 @@ def loop_arm(name: str, setting: Setting, seed: int) -> Arm:
     options: dict[str, Any] = {"seed": seed}
     bank = RecordingBank(**OPTIONS["bank"])
     replay = FailureReplay(bank=bank, seed=seed, **OPTIONS["replay"])
+    twin = DScoreCallback.__name__  # fixed padding draws as D-Score's guide would
     parts: dict[str, Callable[[], tuple[L.Callback, nn.Module | None]]] = {
         "robustness": lambda: _with_guide(
             lambda guide: RobustnessCallback(
@@ -566,6 +567,10 @@ def loop_arm(name: str, setting: Setting, seed: int) -> Arm:
         "dscore": lambda: _with_guide(
             lambda guide: DScoreCallback(guide=guide, **{**options, **OPTIONS["dscore"]}),
             ScoreGuidedPadding(**OPTIONS["padding"]),
+        ),
+        FIXED_PADDING: lambda: (  # D-Score's padding without its measurement: fixed p, from the first batch
+            OpenLoop(setting.val, None, {}, None, ScoreGuidedPadding(**OPTIONS["padding"]), seed=seed, twin=twin),
+            None,
         ),
         "hda": lambda: (HDACallback(bank=bank, **{**options, **OPTIONS["hda"]}), None),
         "relevancy": lambda: (ObjectRelevancyCallback(bank=bank, **{**options, **OPTIONS["relevancy"]}), None),
@@ -653,6 +658,11 @@ COMBINE_ORDER = ("dscore", "robustness", "hda", "metamorphic", "relevancy")
 """The order the ``dlguard`` arm's callbacks transform a batch in by default: D-Score's padding, which resamples
 the image, before the robustness loop's photometric guide, as README's examples list them (docs/closed_loop.md,
 "D-Score's padding before the photometric guide"; until 2026-11-29 ``robustness dscore hda relevancy metamorphic``)."""
+FIXED_PADDING = "padding"
+"""A member of ``--combine`` only: D-Score's ``ScoreGuidedPadding`` at a fixed ``p`` (``--padding p=...``, its
+default 0.5) on every training batch from the first, without D-Score's measurement (D-Score's open-loop padding
+among the loops; it draws as ``DScoreCallback``'s guide would, so it takes the place of ``dscore``, not a place
+beside it)."""
 CONTROLS = ("robustness-open", "dscore-open", "hda-open", "hda-pgd", "metamorphic-open", "relevancy-open")
 ARMS = ("plain", *STANDARD, *REFERENCES, *LOOPS, *CONTROLS)
 
@@ -660,6 +670,9 @@ ARMS = ("plain", *STANDARD, *REFERENCES, *LOOPS, *CONTROLS)
 def combined_loops(setting: Setting) -> list[str]:
     """The loops the ``dlguard`` arm combines, in the order they transform a batch (relevancy: the scenes)."""
     given = list(dict.fromkeys(COMBINED))
+    if {"dscore", FIXED_PADDING} <= set(given):
+        raise SystemExit(f"--combine: {FIXED_PADDING} is D-Score's padding without its measurement: give dscore "
+                         f"or {FIXED_PADDING}, not both")  # fmt: skip
     return given or [loop for loop in COMBINE_ORDER if setting.val_masks is not None or loop != "relevancy"]
 
 
@@ -873,6 +886,7 @@ def given_options(arm_name: str, setting: Setting) -> dict[str, Any]:
     flags = {
         "robustness": ["robustness", "guide", "spread", "properties", "replay", "bank"],
         "dscore": ["dscore", "padding"],
+        FIXED_PADDING: ["padding"],
         "hda": ["hda", "replay", "bank"],
         "metamorphic": ["metamorphic", *(["violation_guide", "spread"] if VIOLATION_GUIDE else []), "replay", "bank"],
         "relevancy": ["relevancy", "replay", "bank"],
@@ -1106,7 +1120,10 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=EPOCHS)
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=None, help="default: every arm the setting has")
     parser.add_argument("--out", type=Path, default=None, help="JSON file of every run's figures")
-    parser.add_argument("--combine", nargs="+", choices=LOOPS[:-1], default=[], help="the dlguard arm's loops")
+    parser.add_argument(
+        "--combine", nargs="+", choices=(*LOOPS[:-1], FIXED_PADDING), default=[],
+        help=f"the dlguard arm's loops, in the order they transform a batch ({FIXED_PADDING}: D-Score's, fixed p)",
+    )  # fmt: skip
     parser.add_argument("--accelerator", choices=("cpu", "gpu"), default="cpu", help="where fits and judging run")
     parser.add_argument("--spread", choices=SPREADS, default="cell", help="what the loops' guides keep of a proposal")
     parser.add_argument(
