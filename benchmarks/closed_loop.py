@@ -27,7 +27,9 @@ the first preset's property).
 Each run records the flags other than the defaults that changed it (``options``), and the tables
 name them beside the arm: ``metamorphic [--metamorphic budget=None]``. ``--combine`` names the loops the
 ``dlguard`` arm combines, in the order their callbacks transform a batch (default: all of the setting's,
-``COMBINE_ORDER``: D-Score's padding first). ``--accelerator gpu`` fits and judges on the GPU.
+``COMBINE_ORDER``: D-Score's padding first); ``padding`` among them takes D-Score's place with its padding at a
+fixed ``p`` (``--padding p=...``) on every batch from the first, and no measurement. ``--accelerator gpu`` fits
+and judges on the GPU.
 ``--on NAME`` trains every loop and control arm on top of that standard augmentation, as a user who adds
 dlguard to a pipeline that already augments would: it transforms the loader's rows first, before any
 guide or replay (as a dataset transform would), so replayed failures go in as they were found. The

@@ -435,6 +435,32 @@ def test_d_score_s_padding_resamples_the_batch_before_the_photometric_guide_tran
     assert order() == ["RobustnessCallback", "DScoreCallback"]
 
 
+def test_fixed_padding_pads_every_batch_from_the_first_as_d_score_s_guide_would_without_measuring(
+    setting: cl.Setting, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --combine padding: D-Score's open-loop padding in its place among the loops (--padding p=...)
+    monkeypatch.setattr(cl, "COMBINED", ["padding", "robustness"])
+    monkeypatch.setitem(cl.OPTIONS, "padding", {"p": 0.4})
+    callbacks = cl.loop_arm("dlguard", setting, 0).callbacks
+    assert not any(isinstance(c, cl.DScoreCallback) for c in callbacks)  # nothing measures D-Score
+    padding = callbacks[0]
+    assert isinstance(padding, cl.OpenLoop) and padding.guide.p == pytest.approx(0.4)
+    assert cl.given_options("dlguard", setting) == {"padding": {"p": 0.4}}
+    # the reference: a measured D-Score loop whose guide holds the same p pads its batches with the same draws
+    reference = cl.DScoreCallback(guide=cl.ScoreGuidedPadding(p=0.4), seed=0)
+    monkeypatch.setattr(reference, "_guide_ready", lambda: True)
+    images, labels = setting.train[0][:64], setting.train[1][:64]
+    for step in range(2):  # from the first batch on, no validation before it
+        ours, theirs = [images.clone(), labels], [images.clone(), labels]
+        padding.on_train_batch_start(None, None, ours, step)  # type: ignore[arg-type]
+        reference.on_train_batch_start(None, None, theirs, step)  # type: ignore[arg-type]
+        assert not torch.equal(ours[0], images)
+        torch.testing.assert_close(ours[0], theirs[0])
+    monkeypatch.setattr(cl, "COMBINED", ["dscore", "padding"])
+    with pytest.raises(SystemExit, match="give dscore or padding, not both"):
+        cl.loop_arm("dlguard", setting, 0)
+
+
 def test_on_a_standard_augmentation_the_loader_s_rows_are_augmented_and_replayed_failures_are_not(
     setting: cl.Setting, monkeypatch: pytest.MonkeyPatch
 ) -> None:
