@@ -11,7 +11,7 @@ from torch import Tensor
 from torch.distributions import Bernoulli
 
 from dlguard._validation import check_tensor, check_values, probability
-from dlguard.augment.functional.padding import pad_resize_matrix
+from dlguard.augment.functional.padding import check_padding_mode, pad_resize_matrix
 
 __all__ = ["ScoreGuidedPadding"]
 
@@ -36,6 +36,9 @@ class ScoreGuidedPadding(GeometricAugmentationBase2D):
 
     Args:
         p: probability and padding ratio in ``[0, 1]``.
+        padding_mode: what fills the padding: ``"zeros"`` (the paper's empty values), ``"border"`` (the
+            edge pixels repeated) or ``"reflection"`` (the image mirrored at its edge), for images whose
+            test inputs never show a black frame (photos).
         same_on_batch: one split for the whole batch.
         keepdim: keep a ``(C, H, W)`` input unbatched.
 
@@ -48,9 +51,13 @@ class ScoreGuidedPadding(GeometricAugmentationBase2D):
         (torch.Size([2, 1, 8, 8]), True)
     """
 
-    def __init__(self, p: float = 0.5, same_on_batch: bool = False, keepdim: bool = False) -> None:
+    def __init__(
+        self, p: float = 0.5, padding_mode: str = "zeros", same_on_batch: bool = False, keepdim: bool = False
+    ) -> None:
         probability("p", p)
+        check_padding_mode(padding_mode)
         super().__init__(p=p, same_on_batch=same_on_batch, keepdim=keepdim)
+        self.flags = {"padding_mode": padding_mode}
 
     @property
     def p(self) -> float:
@@ -99,4 +106,6 @@ class ScoreGuidedPadding(GeometricAugmentationBase2D):
     ) -> Tensor:
         if transform is None:
             transform = self.compute_transformation(input, params, flags)
-        return warp_affine(input, transform[:, :2].to(input), input.shape[-2:], align_corners=False)
+        return warp_affine(
+            input, transform[:, :2].to(input), input.shape[-2:], padding_mode=flags["padding_mode"], align_corners=False
+        )

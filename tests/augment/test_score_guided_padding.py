@@ -20,6 +20,43 @@ def test_integer_padding_equals_pad_then_resize() -> None:
         torch.testing.assert_close(out[i : i + 1], reference, atol=1e-5, rtol=0)
 
 
+def _symmetric(image: torch.Tensor, left: int, right: int, top: int, bottom: int) -> torch.Tensor:
+    """Mirror ``image`` at its edges, the edge pixel repeated (``a b c | c b a``), by concatenation."""
+    image = torch.cat([image[..., :left].flip(-1), image, image[..., image.shape[-1] - right :].flip(-1)], dim=-1)
+    return torch.cat([image[..., :top, :].flip(-2), image, image[..., image.shape[-2] - bottom :, :].flip(-2)], dim=-2)
+
+
+@pytest.mark.parametrize("padding_mode", ["border", "reflection"])
+def test_border_and_reflection_fill_the_padding_from_the_image_s_edge(padding_mode: str) -> None:
+    images = torch.rand(2, 3, 20, 20, generator=torch.Generator().manual_seed(0))
+    ratio = torch.tensor([0.5, 0.5])
+    out = pad_resize(images, ratio, torch.tensor([3.0, 10.0]), torch.tensor([7.0, 0.0]), padding_mode=padding_mode)
+    for i, (left, top) in enumerate([(3, 7), (10, 0)]):
+        sides = (left, 10 - left, top, 10 - top)
+        image = images[i : i + 1]
+        padded = F.pad(image, sides, mode="replicate") if padding_mode == "border" else _symmetric(image, *sides)
+        reference = F.interpolate(padded, size=(20, 20), mode="bilinear", align_corners=False)
+        torch.testing.assert_close(out[i : i + 1], reference, atol=1e-5, rtol=0)
+
+
+def test_the_module_fills_as_the_functional_does_and_names_a_bad_padding_mode() -> None:
+    images = torch.rand(8, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    for padding_mode in ("zeros", "border", "reflection"):
+        aug = ScoreGuidedPadding(p=1.0, padding_mode=padding_mode)
+        out = aug(images)
+        params = aug._params
+        expected = pad_resize(images, params["ratio"], params["left"], params["top"], padding_mode=padding_mode)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+        assert torch.equal(aug(images, params=params), out)
+    # a constant image stays constant unless the padding is black
+    assert ScoreGuidedPadding(p=1.0, padding_mode="border")(torch.ones(4, 1, 8, 8)).min() == pytest.approx(1.0)
+    assert ScoreGuidedPadding(p=1.0)(torch.ones(4, 1, 8, 8)).min() == 0.0
+    with pytest.raises(ValueError, match=r"padding_mode: expected one of \('zeros', 'border', 'reflection'\)"):
+        ScoreGuidedPadding(padding_mode="reflect")
+    with pytest.raises(ValueError, match="padding_mode: expected one of"):
+        pad_resize(images, torch.zeros(8), torch.zeros(8), torch.zeros(8), padding_mode="edge")
+
+
 def test_padding_split_is_random_per_sample_and_within_bounds() -> None:
     torch.manual_seed(0)
     aug = ScoreGuidedPadding(p=1.0)

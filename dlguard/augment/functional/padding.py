@@ -8,7 +8,18 @@ from torch import Tensor
 
 from dlguard.augment.functional._inputs import check_image_input
 
-__all__ = ["pad_resize", "pad_resize_matrix"]
+__all__ = ["PADDING_MODES", "pad_resize", "pad_resize_matrix"]
+
+PADDING_MODES = ("zeros", "border", "reflection")
+"""What fills the padding: zeros (the paper's empty values, SPEC §1), the edge pixels repeated, or the image
+mirrored at its edge (``warp_affine``'s and ``grid_sample``'s ``padding_mode``)."""
+
+
+def check_padding_mode(padding_mode: str) -> str:
+    """``padding_mode`` if it is one of :data:`PADDING_MODES`; a ``ValueError`` naming it otherwise."""
+    if padding_mode not in PADDING_MODES:
+        raise ValueError(f"padding_mode: expected one of {PADDING_MODES}, got {padding_mode!r}")
+    return padding_mode
 
 
 def pad_resize_matrix(height: int, width: int, pad_x: Tensor, pad_y: Tensor, left: Tensor, top: Tensor) -> Tensor:
@@ -29,11 +40,13 @@ def pad_resize_matrix(height: int, width: int, pad_x: Tensor, pad_y: Tensor, lef
     return matrix
 
 
-def pad_resize(images: Tensor, ratio: Tensor, left: Tensor, top: Tensor) -> Tensor:
+def pad_resize(images: Tensor, ratio: Tensor, left: Tensor, top: Tensor, padding_mode: str = "zeros") -> Tensor:
     """Pad each image by ``ratio·side`` in total (``left``/``top`` pixels before it), resize back.
 
     Batched and differentiable (one ``warp_affine``); per-sample ``ratio``, ``left``, ``top`` of
-    shape ``(B,)``, with ``0 <= left <= ratio·W`` and ``0 <= top <= ratio·H``.
+    shape ``(B,)``, with ``0 <= left <= ratio·W`` and ``0 <= top <= ratio·H``. ``padding_mode``
+    (:data:`PADDING_MODES`) fills the padding: ``"zeros"`` as the paper pads, ``"border"`` or
+    ``"reflection"`` where a black frame is something the test images never show (photos).
 
     Example:
         >>> import torch
@@ -43,10 +56,13 @@ def pad_resize(images: Tensor, ratio: Tensor, left: Tensor, top: Tensor) -> Tens
         (True, True)
     """
     check_image_input(images)
+    check_padding_mode(padding_mode)
     batch, _, height, width = images.shape
     for name, value in (("ratio", ratio), ("left", left), ("top", top)):
         if value.shape != (batch,):
             raise ValueError(f"{name}: expected shape ({batch},), got {tuple(value.shape)}")
     ratio = ratio.to(images)
     matrix = pad_resize_matrix(height, width, ratio * width, ratio * height, left.to(images), top.to(images))
-    return warp_affine(images, matrix[:, :2], (height, width), align_corners=False).clamp(0, 1)
+    return warp_affine(images, matrix[:, :2], (height, width), padding_mode=padding_mode, align_corners=False).clamp(
+        0, 1
+    )
