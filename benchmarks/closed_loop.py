@@ -613,7 +613,8 @@ def open_arm(name: str, setting: Setting, seed: int, dose: dict[str, Any]) -> Ar
     bank = FailureBank(**OPTIONS["bank"])
     strength = dose["strength"]
     if loop == "dscore":  # the guide is the dose: p pads with probability p by a ratio p, so match the mean p²
-        guide = ScoreGuidedPadding(p=math.sqrt(mean(p * p for p in strength)) if strength else 0.0)
+        rms = math.sqrt(mean(p * p for p in strength)) if strength else 0.0
+        guide = ScoreGuidedPadding(**{**OPTIONS["padding"], "p": rms})  # the loop's fill (--padding padding_mode=)
         return Arm([OpenLoop(setting.val, None, {}, None, guide=guide, seed=seed, twin=_twin(DScoreCallback))])
     if loop == "relevancy":
         default = inspect.signature(ObjectRelevancyCallback).parameters["fresh_backgrounds"].default

@@ -461,6 +461,18 @@ def test_fixed_padding_pads_every_batch_from_the_first_as_d_score_s_guide_would_
         cl.loop_arm("dlguard", setting, 0)
 
 
+def test_the_padding_flag_fills_alike_in_d_score_s_loop_its_control_and_the_fixed_padding(
+    setting: cl.Setting, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(cl.OPTIONS, "padding", {"padding_mode": "reflection"})
+    (loop,) = [c for c in cl.loop_arm("dscore", setting, 0).callbacks if isinstance(c, cl.DScoreCallback)]
+    control = cl.open_arm("dscore-open", setting, 0, {"deposits": {}, "strength": [0.0, 0.3, 0.4]}).callbacks[0]
+    monkeypatch.setattr(cl, "COMBINED", ["padding"])
+    fixed = cl.loop_arm("dlguard", setting, 0).callbacks[0]
+    assert [guide.flags["padding_mode"] for guide in (loop.guide, control.guide, fixed.guide)] == ["reflection"] * 3
+    assert control.guide.p == pytest.approx((0.25 / 3) ** 0.5)  # by hand: √((0 + 0.09 + 0.16) / 3)
+
+
 def test_on_a_standard_augmentation_the_loader_s_rows_are_augmented_and_replayed_failures_are_not(
     setting: cl.Setting, monkeypatch: pytest.MonkeyPatch
 ) -> None:
