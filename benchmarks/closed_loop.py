@@ -15,9 +15,10 @@
 ``--<callback> KEY=VALUE`` overrides that callback's defaults (e.g. ``--metamorphic budget=None``);
 ``--replay`` and ``--bank`` those of ``FailureReplay`` and ``FailureBank`` (in loops and controls
 alike), ``--guide`` and ``--padding`` those of the loops' ``ErrorGuidedAugmentation`` and
-``ScoreGuidedPadding``. ``--violation_guide`` gives the metamorphic loop a guide as well (an
-``ErrorGuidedAugmentation`` over its properties, set from each class's violation rates; its control
-then applies those transformations at the loop's mean strength). ``--spread`` says what the loops'
+``ScoreGuidedPadding`` (``--padding`` also D-Score's control's, its ``p`` aside, and the fixed padding's).
+``--violation_guide`` gives the metamorphic loop a guide as well (an ``ErrorGuidedAugmentation`` over its
+properties, set from each class's violation rates; its control then applies those transformations at the
+loop's mean strength). ``--spread`` says what the loops'
 ``ErrorGuidedAugmentation`` guides keep of a proposal: ``cell`` (default) each class's probability of
 each transformation, ``property`` each transformation's mean over the classes, the same for every class,
 ``even`` the proposal's mean for every class and transformation (the measurement sets only the dose).
@@ -558,7 +559,7 @@ def loop_arm(name: str, setting: Setting, seed: int) -> Arm:
     options: dict[str, Any] = {"seed": seed}
     bank = RecordingBank(**OPTIONS["bank"])
     replay = FailureReplay(bank=bank, seed=seed, **OPTIONS["replay"])
-    twin = DScoreCallback.__name__  # fixed padding draws as D-Score's guide would
+    twin = DScoreCallback.__name__  # fixed padding draws from D-Score's guide's stream
     parts: dict[str, Callable[[], tuple[L.Callback, nn.Module | None]]] = {
         "robustness": lambda: _with_guide(
             lambda guide: RobustnessCallback(
@@ -664,18 +665,23 @@ the image, before the robustness loop's photometric guide, as README's examples 
 FIXED_PADDING = "padding"
 """A member of ``--combine`` only: D-Score's ``ScoreGuidedPadding`` at a fixed ``p`` (``--padding p=...``, its
 default 0.5) on every training batch from the first, without D-Score's measurement (D-Score's open-loop padding
-among the loops; it draws as ``DScoreCallback``'s guide would, so it takes the place of ``dscore``, not a place
-beside it)."""
+among the loops; it draws from ``DScoreCallback``'s guide's stream, from the first batch where D-Score's guide
+draws from its first measurement on, so it takes the place of ``dscore``, not a place beside it)."""
 CONTROLS = ("robustness-open", "dscore-open", "hda-open", "hda-pgd", "metamorphic-open", "relevancy-open")
 ARMS = ("plain", *STANDARD, *REFERENCES, *LOOPS, *CONTROLS)
+
+
+def _one_padding(combine: list[str]) -> None:
+    """Refuse ``--combine dscore padding``: the fixed padding takes D-Score's place (and its stream)."""
+    if {"dscore", FIXED_PADDING} <= set(combine):
+        raise SystemExit(f"--combine: {FIXED_PADDING} is D-Score's padding without its measurement: give dscore "
+                         f"or {FIXED_PADDING}, not both")  # fmt: skip
 
 
 def combined_loops(setting: Setting) -> list[str]:
     """The loops the ``dlguard`` arm combines, in the order they transform a batch (relevancy: the scenes)."""
     given = list(dict.fromkeys(COMBINED))
-    if {"dscore", FIXED_PADDING} <= set(given):
-        raise SystemExit(f"--combine: {FIXED_PADDING} is D-Score's padding without its measurement: give dscore "
-                         f"or {FIXED_PADDING}, not both")  # fmt: skip
+    _one_padding(given)
     return given or [loop for loop in COMBINE_ORDER if setting.val_masks is not None or loop != "relevancy"]
 
 
@@ -850,7 +856,7 @@ def fit(
         record["dose"] = arm.dose.record()
         doses[arm_name] = record["dose"]
     controls = [c for c in arm.callbacks if isinstance(c, OpenLoop)]
-    if controls:
+    if controls and arm.dose is None:  # a control; a loop's own OpenLoop (--combine padding) has no dose to give
         record["dose"] = {"deposits": controls[0].deposited, "strength": controls[0].applied}
     replays = [c for c in arm.callbacks if isinstance(c, FailureReplay)]
     if replays:
@@ -859,7 +865,11 @@ def fit(
 
 
 def arms_for(setting: Setting, arms: list[str] | None, combine: list[str]) -> list[str]:
-    """The arms to run: ``arms`` as given, or every arm the setting has (object relevancy's need masks)."""
+    """The arms to run: ``arms`` as given, or every arm the setting has (object relevancy's need masks).
+
+    Refuses, before any fit, what ``--arms`` and ``--combine`` cannot run on ``setting``.
+    """
+    _one_padding(combine)
     if setting.val_masks is None:  # no objects to move: object relevancy's arms are the scenes'
         asked = [f"--arms {arm}" for arm in arms or [] if arm.startswith("relevancy")]
         asked += [f"--combine {loop}" for loop in combine if loop == "relevancy"]

@@ -36,11 +36,11 @@ class ScoreGuidedPadding(GeometricAugmentationBase2D):
 
     Args:
         p: probability and padding ratio in ``[0, 1]``.
+        same_on_batch: one split for the whole batch.
+        keepdim: keep a ``(C, H, W)`` input unbatched.
         padding_mode: what fills the padding: ``"zeros"`` (the paper's empty values), ``"border"`` (the
             edge pixels repeated) or ``"reflection"`` (the image mirrored at its edge), for images whose
             test inputs never show a black frame (photos).
-        same_on_batch: one split for the whole batch.
-        keepdim: keep a ``(C, H, W)`` input unbatched.
 
     Example:
         >>> import torch
@@ -52,7 +52,7 @@ class ScoreGuidedPadding(GeometricAugmentationBase2D):
     """
 
     def __init__(
-        self, p: float = 0.5, padding_mode: str = "zeros", same_on_batch: bool = False, keepdim: bool = False
+        self, p: float = 0.5, same_on_batch: bool = False, keepdim: bool = False, padding_mode: str = "zeros"
     ) -> None:
         probability("p", p)
         check_padding_mode(padding_mode)
@@ -107,5 +107,9 @@ class ScoreGuidedPadding(GeometricAugmentationBase2D):
         if transform is None:
             transform = self.compute_transformation(input, params, flags)
         return warp_affine(
-            input, transform[:, :2].to(input), input.shape[-2:], padding_mode=flags["padding_mode"], align_corners=False
+            input,
+            transform[:, :2].to(input),
+            input.shape[-2:],
+            padding_mode=flags.get("padding_mode", "zeros"),
+            align_corners=False,
         )

@@ -435,7 +435,7 @@ def test_d_score_s_padding_resamples_the_batch_before_the_photometric_guide_tran
     assert order() == ["RobustnessCallback", "DScoreCallback"]
 
 
-def test_fixed_padding_pads_every_batch_from_the_first_as_d_score_s_guide_would_without_measuring(
+def test_fixed_padding_pads_every_batch_from_the_first_from_d_score_s_guide_s_stream_without_measuring(
     setting: cl.Setting, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # --combine padding: D-Score's open-loop padding in its place among the loops (--padding p=...)
@@ -459,6 +459,19 @@ def test_fixed_padding_pads_every_batch_from_the_first_as_d_score_s_guide_would_
     monkeypatch.setattr(cl, "COMBINED", ["dscore", "padding"])
     with pytest.raises(SystemExit, match="give dscore or padding, not both"):
         cl.loop_arm("dlguard", setting, 0)
+    with pytest.raises(SystemExit, match="give dscore or padding, not both"):  # before any arm has fitted
+        cl.arms_for(setting, ["plain", "dlguard"], ["dscore", "padding"])
+
+
+@pytest.mark.slow
+def test_a_run_with_fixed_padding_records_the_dose_of_the_loops_beside_it(
+    setting: cl.Setting, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cl, "COMBINED", ["padding", "robustness"])
+    monkeypatch.setitem(cl.OPTIONS, "padding", {"p": 0.3})
+    _, record = cl.fit("dlguard", setting, 0, 3, {})  # the first validation is below min_accuracy: measured at 1
+    assert len(record["dose"]["strength"]) == 3 and record["dose"]["strength"][2] > 0  # the robustness guide's
+    assert sum(record["dose"]["deposits"].values()) > 0 and record["replayed"] > 0
 
 
 def test_the_padding_flag_fills_alike_in_d_score_s_loop_its_control_and_the_fixed_padding(

@@ -17,7 +17,7 @@ from dlguard.augment.functional.object_mutations import (
     move_objects,
     transplant,
 )
-from dlguard.augment.functional.padding import pad_resize, pad_resize_matrix
+from dlguard.augment.functional.padding import PADDING_MODES, pad_resize, pad_resize_matrix
 from dlguard.augment.functional.photometric import (
     brightness_scale,
     brightness_shift,
@@ -42,6 +42,7 @@ from dlguard.augment.functional.weather import (
 __all__ = [
     "FILL_COLORS",
     "FOG_DENSITY",
+    "PADDING_MODES",
     "RAIN_BLUR",
     "RAIN_DARKENING",
     "RAIN_DROPS",
