@@ -664,9 +664,9 @@ the image, before the robustness loop's photometric guide, as README's examples 
 "D-Score's padding before the photometric guide"; until 2026-11-29 ``robustness dscore hda relevancy metamorphic``)."""
 FIXED_PADDING = "padding"
 """A member of ``--combine`` only: D-Score's ``ScoreGuidedPadding`` at a fixed ``p`` (``--padding p=...``, its
-default 0.5) on every training batch from the first, without D-Score's measurement (D-Score's open-loop padding
-among the loops; it draws from ``DScoreCallback``'s guide's stream, from the first batch where D-Score's guide
-draws from its first measurement on, so it takes the place of ``dscore``, not a place beside it)."""
+default 0.5) on every training batch from the first, with no D-Score measurement. It draws from
+``DScoreCallback``'s guide's stream (D-Score's guide draws only from its first measurement on), so it takes
+``dscore``'s place, never a place beside it."""
 CONTROLS = ("robustness-open", "dscore-open", "hda-open", "hda-pgd", "metamorphic-open", "relevancy-open")
 ARMS = ("plain", *STANDARD, *REFERENCES, *LOOPS, *CONTROLS)
 

@@ -63,6 +63,5 @@ def pad_resize(images: Tensor, ratio: Tensor, left: Tensor, top: Tensor, padding
             raise ValueError(f"{name}: expected shape ({batch},), got {tuple(value.shape)}")
     ratio = ratio.to(images)
     matrix = pad_resize_matrix(height, width, ratio * width, ratio * height, left.to(images), top.to(images))
-    return warp_affine(images, matrix[:, :2], (height, width), padding_mode=padding_mode, align_corners=False).clamp(
-        0, 1
-    )
+    warped = warp_affine(images, matrix[:, :2], (height, width), padding_mode=padding_mode, align_corners=False)
+    return warped.clamp(0, 1)
