@@ -8,10 +8,26 @@ sync: callers run them once per measurement or when a state changes, never per t
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from numbers import Integral, Real
+from typing import TypeVar
 
 import torch
 from torch import Tensor
+
+Option = TypeVar("Option", str, int)
+
+
+def one_of(name: str, value: object, allowed: Sequence[Option]) -> Option:
+    """The option of ``allowed`` that ``value`` equals, of the same kind (``True`` is not ``1``, ``"1"`` not ``1``)."""
+    if isinstance(allowed, str) or not allowed:
+        raise TypeError(f"one_of: expected a non-empty sequence of options for {name}, got {allowed!r}")
+    kind = str if isinstance(allowed[0], str) else Integral
+    if isinstance(value, kind) and not isinstance(value, bool):
+        for option in allowed:
+            if value == option:
+                return option
+    raise ValueError(f"{name}: expected one of {tuple(allowed)}, got {value!r}")
 
 
 def positive_int(name: str, value: object, minimum: int = 1) -> int:

@@ -127,7 +127,7 @@ class FollowUpCache:
         masks = check_object_masks("masks", masks, images)
         backgrounds = check_backgrounds(backgrounds, images)
         workers = worker_count(workers, len(images))
-        check_removal(removal)
+        removal = check_removal(removal)
         digest = f"{_backgrounds_hash(backgrounds)}-{removal}-{_made_by()}"
         function, preserving, names = follow_up_layout(len(backgrounds))
         shape = (len(names), *images.shape[1:])

@@ -55,7 +55,7 @@ class ScoreGuidedPadding(GeometricAugmentationBase2D):
         self, p: float = 0.5, same_on_batch: bool = False, keepdim: bool = False, padding_mode: str = "zeros"
     ) -> None:
         probability("p", p)
-        check_padding_mode(padding_mode)
+        padding_mode = check_padding_mode(padding_mode)
         super().__init__(p=p, same_on_batch=same_on_batch, keepdim=keepdim)
         self.flags = {"padding_mode": padding_mode}
 

@@ -10,7 +10,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import nn
 
-from dlguard._validation import check_translation, optional_positive_int, positive_int
+from dlguard._validation import check_translation, one_of, optional_positive_int, positive_int
 from dlguard.augment.score_guided_padding import ScoreGuidedPadding
 from dlguard.callbacks.base import ProbeCallback, ProbeOptions
 from dlguard.data.probe_set import ProbeSet, ProbeSetPolicy
@@ -107,8 +107,7 @@ class DScoreCallback(ProbeCallback):
         optional_positive_int("num_classes", num_classes, minimum=2)
         if guide is not None and not isinstance(guide, ScoreGuidedPadding):
             raise ValueError(f"guide: expected a ScoreGuidedPadding or None, got {type(guide).__name__}")
-        if p_from not in ("latest", "unpadded"):
-            raise ValueError(f"p_from: expected 'latest' or 'unpadded', got {p_from!r}")
+        p_from = one_of("p_from", p_from, ("latest", "unpadded"))
         if p_from != "latest" and guide is None:
             raise ValueError(f"p_from={p_from!r} sets a guide's p: pass guide=ScoreGuidedPadding()")
         super().__init__(**options)

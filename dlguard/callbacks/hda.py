@@ -172,7 +172,7 @@ class HDACallback(ProbeCallback):
         positive_int("probe_size", probe_size)
         positive_int("gallery", gallery, minimum=0)
         optional_positive_int("max_batch", max_batch)
-        check_indicator(indicator)
+        indicator = check_indicator(indicator)
         mutation_std = radius * MUTATION_STD_PER_RADIUS if mutation_std is None else mutation_std
         init_std = radius * INIT_STD_PER_RADIUS if init_std is None else init_std
         ga = {"population": population, "iterations": iterations, "num_best": num_best, "perceptual": perceptual,

@@ -132,7 +132,7 @@ class ObjectRelevancyCallback(ProbeCallback):
             if not backgrounds.is_floating_point() or not len(backgrounds):
                 raise ValueError(f"backgrounds: expected at least one float image, got {backgrounds.dtype}")
             check_values("backgrounds", backgrounds)
-        check_removal(removal)
+        removal = check_removal(removal)
         self.p_high, self.s_low = probability("p_high", p_high), probability("s_low", s_low)
         positive_int("probe_size", probe_size)
         positive_int("gallery", gallery, minimum=0)

@@ -26,6 +26,7 @@ from dlguard._validation import (
     check_labels,
     check_tensor,
     check_values,
+    one_of,
     optional_positive_int,
     positive_int,
     probability,
@@ -105,10 +106,9 @@ class HDARun:
         )
 
 
-def check_indicator(indicator: object) -> None:
-    """``indicator`` names a local robustness indicator: ``"grad"`` (``S_grad``) or ``"sep"`` (``S_sep``)."""
-    if indicator not in _VULNERABILITY:
-        raise ValueError(f"indicator: expected 'grad' (S_grad) or 'sep' (S_sep), got {indicator!r}")
+def check_indicator(indicator: object) -> str:
+    """``indicator`` if it names a local robustness indicator: ``"grad"`` (``S_grad``) or ``"sep"`` (``S_sep``)."""
+    return one_of("indicator", indicator, tuple(_VULNERABILITY))
 
 
 def check_distribution(distribution: object, fitted: bool = True) -> None:
@@ -141,7 +141,7 @@ def select_hda_seeds(
     caller has them; ``validate_args=False`` skips reading the inputs' values (range, NaN).
     """
     adapter = ModelAdapter.wrap(model)
-    check_indicator(indicator)
+    indicator = check_indicator(indicator)
     check_distribution(distribution)
     keys = content_keys(inputs) if keys is None else keys
     if indicator == "sep":  # the reference set is every process's candidates (a collective: before any early exit)
@@ -308,7 +308,7 @@ def hda_test(
     positive_int("k", k)
     optional_positive_int("max_batch", max_batch)
     probability("holdout", holdout)
-    check_indicator(indicator)
+    indicator = check_indicator(indicator)
     if not isinstance(gradient_start, bool):
         raise ValueError(f"gradient_start: expected True or False, got {gradient_start!r}")
     check_distribution(distribution)

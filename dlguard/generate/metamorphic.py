@@ -22,6 +22,7 @@ from dlguard._validation import (
     check_tensor,
     check_values,
     finite_float,
+    one_of,
     optional_positive_int,
 )
 from dlguard.augment.properties import Property, check_properties, check_property_inputs
@@ -91,8 +92,7 @@ class MetamorphicRun:
 
 def check_relation(task: object, lam: object, epsilon: object) -> None:
     """The relation's settings: ``task`` one of ``TASKS``, eq. 2's ``λ > 0``, eq. 3's ``ε ≥ 0``."""
-    if task not in TASKS:
-        raise ValueError(f"task: expected one of {list(TASKS)}, got {task!r}")
+    one_of("task", task, TASKS)
     if finite_float("lam", lam) <= 0:
         raise ValueError(f"lam: expected λ > 0, got {lam}")
     if finite_float("epsilon", epsilon) < 0:

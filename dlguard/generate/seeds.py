@@ -17,7 +17,14 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from dlguard._validation import check_labels, check_tensor, check_values, optional_positive_int, positive_int
+from dlguard._validation import (
+    check_labels,
+    check_tensor,
+    check_values,
+    one_of,
+    optional_positive_int,
+    positive_int,
+)
 from dlguard.generate.gradients import input_gradients, loss_gradient
 from dlguard.probes.adapter import ModelAdapter
 from dlguard.probes.evaluation import evaluation
@@ -200,8 +207,7 @@ def seed_scores(
     indicator = _check_vector("indicator", indicator, size=len(log_density), values=validate_args)
     if validate_args and (log_density == math.inf).any():
         raise ValueError("log_density: expected finite values or -inf, got +inf")
-    if vulnerability not in ("high", "low"):
-        raise ValueError(f"vulnerability: expected 'high' or 'low', got {vulnerability!r}")
+    vulnerability = one_of("vulnerability", vulnerability, ("high", "low"))
     indicator = indicator.to(device=log_density.device, dtype=log_density.dtype)
     scaled = _minmax(indicator if vulnerability == "high" else -indicator)
     return log_density + scaled.log()

@@ -39,7 +39,7 @@ from numbers import Integral
 import torch
 from torch import Tensor, nn
 
-from dlguard._validation import check_images, check_labels, positive_int
+from dlguard._validation import check_images, check_labels, one_of, positive_int
 from dlguard.augment.functional.object_mutations import transplant
 from dlguard.metrics.functional.object_relevancy import ObjectRelevancyScores
 from dlguard.probes.adapter import ModelAdapter
@@ -128,12 +128,6 @@ def _check_scores(scores: object, count: int) -> tuple[Tensor, Tensor, Tensor]:
         if not value.is_floating_point() or torch.isnan(value).any():
             raise ValueError(f"scores: expected {name} as floating values without NaN")
     return preserving.double(), removing.double(), correct.bool()
-
-
-def _check_option(name: str, value: object, allowed: tuple[int, ...] | tuple[str, ...]) -> None:
-    kind = str if isinstance(allowed[0], str) else Integral
-    if isinstance(value, bool) or not isinstance(value, kind) or value not in allowed:
-        raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
 
 
 def _check_pairs(pairs: Tensor | Sequence[Sequence[int]] | None, available: list[int]) -> Tensor:
@@ -310,8 +304,8 @@ def transplant_attack(
         ([[0, 1], [1, 0]], [3, 3], [3, 3], 6)
     """
     adapter = ModelAdapter.wrap(model)
-    _check_option("scenario", scenario, (1, 2))
-    _check_option("strategy", strategy, TRANSPLANT_STRATEGIES)
+    scenario = one_of("scenario", scenario, (1, 2))
+    strategy = one_of("strategy", strategy, TRANSPLANT_STRATEGIES)
     budget = positive_int("budget", budget)
     if isinstance(seed, bool) or not isinstance(seed, Integral):
         raise ValueError(f"seed: expected an integer, got {seed!r}")

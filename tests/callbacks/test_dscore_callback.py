@@ -209,7 +209,8 @@ def test_model_without_conv_fails_before_training(tmp_path: Path) -> None:
         ({"probe_size": 0}, "probe_size"),
         ({"every_n_epochs": 0}, "every_n_epochs"),
         ({"guide": nn.Identity()}, "guide: expected a ScoreGuidedPadding"),
-        ({"p_from": "first"}, "p_from: expected 'latest' or 'unpadded', got 'first'"),
+        ({"p_from": "first"}, r"p_from: expected one of \('latest', 'unpadded'\), got 'first'"),
+        ({"p_from": ["latest"]}, r"p_from: expected one of \('latest', 'unpadded'\), got \['latest'\]"),
         ({"p_from": "unpadded"}, "p_from='unpadded' sets a guide's p: pass guide=ScoreGuidedPadding()"),
     ],
 )

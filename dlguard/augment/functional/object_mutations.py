@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dlguard._validation import check_object_images, check_object_masks
+from dlguard._validation import check_object_images, check_object_masks, one_of
 from dlguard.augment.functional._object_inputs import check_backgrounds, worker_count
 
 __all__ = ["FILL_COLORS", "REMOVAL_REGIONS", "check_removal", "follow_up_images", "move_objects", "transplant"]
@@ -234,10 +234,9 @@ def _mutate(
         f += 1
 
 
-def check_removal(removal: object) -> None:
-    """Raise, naming ``removal``, unless it is one of :data:`REMOVAL_REGIONS`."""
-    if removal not in REMOVAL_REGIONS:
-        raise ValueError(f"removal: expected one of {list(REMOVAL_REGIONS)}, got {removal!r}")
+def check_removal(removal: object) -> str:
+    """``removal`` if it is one of :data:`REMOVAL_REGIONS`; a ``ValueError`` naming it otherwise."""
+    return one_of("removal", removal, REMOVAL_REGIONS)
 
 
 def _for_each(fn: Callable[[int], None], count: int, workers: int) -> None:
@@ -294,7 +293,7 @@ def follow_up_images(
     images = check_object_images("images", images)
     masks = check_object_masks("masks", masks, images)
     backgrounds = check_backgrounds(backgrounds, images)
-    check_removal(removal)
+    removal = check_removal(removal)
     workers = worker_count(workers, len(images))
     channels = images.shape[1]
     sources, grounds = _hwc(images, channels), _hwc(backgrounds, channels)

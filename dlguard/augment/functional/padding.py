@@ -6,6 +6,7 @@ import torch
 from kornia.geometry.transform import warp_affine
 from torch import Tensor
 
+from dlguard._validation import one_of
 from dlguard.augment.functional._inputs import check_image_input
 
 __all__ = ["PADDING_MODES", "pad_resize", "pad_resize_matrix"]
@@ -15,11 +16,9 @@ PADDING_MODES = ("zeros", "border", "reflection")
 mirrored at its edge (``warp_affine``'s and ``grid_sample``'s ``padding_mode``)."""
 
 
-def check_padding_mode(padding_mode: str) -> str:
+def check_padding_mode(padding_mode: object) -> str:
     """``padding_mode`` if it is one of :data:`PADDING_MODES`; a ``ValueError`` naming it otherwise."""
-    if padding_mode not in PADDING_MODES:
-        raise ValueError(f"padding_mode: expected one of {PADDING_MODES}, got {padding_mode!r}")
-    return padding_mode
+    return one_of("padding_mode", padding_mode, PADDING_MODES)
 
 
 def pad_resize_matrix(height: int, width: int, pad_x: Tensor, pad_y: Tensor, left: Tensor, top: Tensor) -> Tensor:
@@ -56,7 +55,7 @@ def pad_resize(images: Tensor, ratio: Tensor, left: Tensor, top: Tensor, padding
         (True, True)
     """
     check_image_input(images)
-    check_padding_mode(padding_mode)
+    padding_mode = check_padding_mode(padding_mode)
     batch, _, height, width = images.shape
     for name, value in (("ratio", ratio), ("left", left), ("top", top)):
         if value.shape != (batch,):

@@ -28,7 +28,7 @@ from numbers import Real
 import torch
 from torch import Tensor
 
-from dlguard._validation import check_tensor, check_values
+from dlguard._validation import check_tensor, check_values, one_of
 
 __all__ = [
     "TASKS",
@@ -50,9 +50,7 @@ UNFILTERED: tuple[str, ...] = ("fog", "rain", "guided")
 
 
 def _check_task(task: object) -> str:
-    if not isinstance(task, str) or task not in TASKS:
-        raise ValueError(f"task: expected one of {TASKS}, got {task!r}")
-    return task
+    return one_of("task", task, TASKS)
 
 
 def check_outputs(task: str, outputs: Tensor, name: str = "outputs") -> Tensor:

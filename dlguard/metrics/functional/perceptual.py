@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
 
-from dlguard._validation import check_tensor
+from dlguard._validation import check_tensor, one_of
 
 __all__ = ["PERCEPTUAL_MEASURES", "PSNR_CAP", "perceptual_quality"]
 
@@ -27,13 +27,12 @@ PSNR_CAP = 100.0
 
 def check_measure(measure: object, ndim: int | None = None) -> str:
     """``measure`` is one of :data:`PERCEPTUAL_MEASURES`; SSIM needs images ``(B, C, H, W)``."""
-    if measure not in PERCEPTUAL_MEASURES:
-        raise ValueError(f"perceptual: expected one of {PERCEPTUAL_MEASURES}, got {measure!r}")
+    measure = one_of("perceptual", measure, PERCEPTUAL_MEASURES)
     if measure == "ssim" and ndim is not None and ndim != 4:
         raise ValueError(
             f"perceptual: 'ssim' needs images (B, C, H, W), got inputs with {ndim} dimensions; use 'mse' or 'psnr'"
         )
-    return str(measure)
+    return measure
 
 
 def perceptual_quality(tests: Tensor, seeds: Tensor, measure: PerceptualMeasure = "mse") -> Tensor:
