@@ -17,14 +17,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from dlguard._validation import (
-    check_labels,
-    check_tensor,
-    check_values,
-    one_of,
-    optional_positive_int,
-    positive_int,
-)
+from dlguard._validation import check_labels, check_tensor, check_values, one_of, optional_positive_int, positive_int
 from dlguard.generate.gradients import input_gradients, loss_gradient
 from dlguard.probes.adapter import ModelAdapter
 from dlguard.probes.evaluation import evaluation
