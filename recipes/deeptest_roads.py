@@ -28,8 +28,10 @@ Writes results.md, results.json and pictures into --out and --images.
 from __future__ import annotations
 
 import argparse
+import atexit
 import copy
 import json
+import shutil
 import tempfile
 import time
 import warnings
@@ -166,8 +168,10 @@ def violation_study(net: nn.Module, images: Tensor, angles: Tensor, search: Any,
 
 def quiet_trainer(epochs: int, callbacks: list[L.Callback]) -> L.Trainer:
     L.seed_everything(0, verbose=False)
+    root = tempfile.mkdtemp(prefix="deeptest-roads-")  # the callback's end-of-fit PNG goes there, gone at exit
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
     return L.Trainer(
-        default_root_dir=tempfile.mkdtemp(prefix="deeptest-roads-"),  # the callback's end-of-fit PNG goes there
+        default_root_dir=root,
         max_epochs=epochs,
         callbacks=callbacks,
         logger=False,
