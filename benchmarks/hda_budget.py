@@ -15,10 +15,7 @@ cached weights, or trained here), ImageNet normalisation as ``preprocess``, on `
 from __future__ import annotations
 
 import argparse
-import atexit
 import logging
-import shutil
-import tempfile
 import warnings
 
 import callback_cost
@@ -44,8 +41,6 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     for name in ("lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    root = tempfile.mkdtemp(prefix="dlguard-hda-budget-")  # the callbacks' figures land here, gone at exit
-    atexit.register(shutil.rmtree, root, ignore_errors=True)
     print("| budget | seeds x population x iterations | candidates | forward passes | AE proportion | J | epsilon |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for text in args.budgets:
@@ -53,7 +48,7 @@ def main() -> None:
         callback = HDACallback(budget=budget, gradient_start=not args.no_gradient_start, **options)
         trainer = L.Trainer(
             callbacks=[callback], logger=False, enable_progress_bar=False, enable_model_summary=False,
-            enable_checkpointing=False, default_root_dir=root,
+            enable_checkpointing=False, default_root_dir=callback_cost.ROOT,
         )  # fmt: skip
         trainer.validate(module, datamodule=datamodule)
         record, logged = callback.latest, callback.latest["logged"]
