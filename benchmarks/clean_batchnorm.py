@@ -1,0 +1,80 @@
+"""Is the loops' clean-accuracy cost in BatchNorm's statistics? Judge each trained model a second time.
+
+    python benchmarks/clean_batchnorm.py --setting scenes --seeds 0 --arms plain --out F.json
+    python benchmarks/clean_batchnorm.py <any closed_loop.py arguments> --out F.json
+
+Runs ``closed_loop.py`` with the arguments given (its ``--out`` file as ever) and judges every model it
+trains a second time, after re-estimating BatchNorm's running statistics on the clean training split
+(``torch.optim.swa_utils.update_bn``: an exact mean over the split, not a running one). Training
+batches that the loops and the augmentation underneath transformed (noise, blurs, padding, replayed
+failures) leave running statistics that the clean test split does not share; if that mismatch were
+the clean-accuracy cost, the second judgement would give it back. Writes ``F.batchnorm.json``: per
+model, the first judgement's clean accuracy, mCA, PGD accuracy and D-Score, and the same four after
+the re-estimate (``recalibrated``), with the mCA per corruption of both.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+from statistics import mean
+
+import closed_loop
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+MEASURES = ("clean", "mCA", "pgd", "d_score")
+
+
+def recalibrated(model: closed_loop.Classifier, setting: closed_loop.Setting) -> closed_loop.Classifier:
+    """A copy of ``model`` whose BatchNorm statistics are the clean training split's (the model is untouched)."""
+    copied = copy.deepcopy(model).cpu()
+    torch.optim.swa_utils.update_bn(DataLoader(TensorDataset(setting.train[0]), batch_size=64), copied)
+    return copied.eval()
+
+
+def second_judgement(model: closed_loop.Classifier, setting: closed_loop.Setting, corrupted: dict) -> dict:
+    """Clean accuracy, mCA (and per corruption), PGD accuracy and D-Score, as ``closed_loop.judge`` measures them."""
+    x, y = setting.test
+    accuracy = lambda inputs: float((closed_loop.predict(model, inputs.cpu()) == y).float().mean())  # noqa: E731
+    per = {name: mean(accuracy(c) for c in levels) for name, levels in corrupted.items()}
+    return {
+        "clean": accuracy(x),
+        "mCA": mean(per.values()),
+        "pgd": accuracy(closed_loop.attack(model, x, y, setting.eps, 10)),
+        "d_score": closed_loop.d_score_of(model, x, y),
+        "corruptions": {name: round(value, 4) for name, value in per.items()},
+    }
+
+
+def main() -> None:
+    if "--out" not in sys.argv or "--results" in sys.argv or "--accelerator" in sys.argv:
+        raise SystemExit("give closed_loop.py's arguments for fits on the CPU, with --out F.json")
+    out = Path(sys.argv[sys.argv.index("--out") + 1]).with_suffix(".batchnorm.json")
+    runs: list[dict] = []
+    judge = closed_loop.judge
+
+    def judge_twice(model: closed_loop.Classifier, setting: closed_loop.Setting, corrupted: dict, *args) -> dict:
+        scores = judge(model, setting, corrupted, *args)
+        started = time.perf_counter()
+        again = second_judgement(recalibrated(model, setting), setting, corrupted)
+        runs.append({
+            "judged": {key: scores[key] for key in MEASURES},
+            "judged_corruptions": scores["corruptions"],
+            "recalibrated": again,
+            "seconds": time.perf_counter() - started,
+        })  # fmt: skip
+        out.write_text(json.dumps(runs, indent=1))
+        print("    BatchNorm re-estimated on the clean training split: "
+              + " ".join(f"{key} {scores[key]:.3f} -> {again[key]:.3f}" for key in MEASURES), flush=True)  # fmt: skip
+        return scores
+
+    closed_loop.judge = judge_twice
+    closed_loop.main()
+
+
+if __name__ == "__main__":
+    main()
