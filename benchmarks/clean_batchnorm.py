@@ -10,7 +10,7 @@ batches that the loops and the augmentation underneath transformed (noise, blurs
 failures) leave running statistics that the clean test split does not share; if that mismatch were
 the clean-accuracy cost, the second judgement would give it back. Writes ``F.batchnorm.json``: per
 model, the first judgement's clean accuracy, mCA, PGD accuracy and D-Score, and the same four after
-the re-estimate (``recalibrated``), with the mCA per corruption of both.
+the re-estimate (``recalibrated``), with the mCA per corruption of both, by arm and seed.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 from statistics import mean
+from typing import Any
 
 import closed_loop
 import torch
@@ -54,14 +55,20 @@ def main() -> None:
     if "--out" not in sys.argv or "--results" in sys.argv or "--accelerator" in sys.argv:
         raise SystemExit("give closed_loop.py's arguments for fits on the CPU, with --out F.json")
     out = Path(sys.argv[sys.argv.index("--out") + 1]).with_suffix(".batchnorm.json")
-    runs: list[dict] = []
-    judge = closed_loop.judge
+    runs: dict[str, list[dict]] = {}
+    judge, fit = closed_loop.judge, closed_loop.fit
+    fitted: dict[str, Any] = {}
 
-    def judge_twice(model: closed_loop.Classifier, setting: closed_loop.Setting, corrupted: dict, *args) -> dict:
+    def fit_noting(arm_name: str, setting: closed_loop.Setting, seed: int, *args: Any, **kwargs: Any) -> tuple:
+        fitted.update(arm=arm_name, seed=seed)  # what judge_twice's record is filed under
+        return fit(arm_name, setting, seed, *args, **kwargs)
+
+    def judge_twice(model: closed_loop.Classifier, setting: closed_loop.Setting, corrupted: dict, *args: Any) -> dict:
         scores = judge(model, setting, corrupted, *args)
         started = time.perf_counter()
         again = second_judgement(recalibrated(model, setting), setting, corrupted)
-        runs.append({
+        runs.setdefault(fitted["arm"], []).append({
+            "seed": fitted["seed"],
             "judged": {key: scores[key] for key in MEASURES},
             "judged_corruptions": scores["corruptions"],
             "recalibrated": again,
@@ -72,7 +79,7 @@ def main() -> None:
               + " ".join(f"{key} {scores[key]:.3f} -> {again[key]:.3f}" for key in MEASURES), flush=True)  # fmt: skip
         return scores
 
-    closed_loop.judge = judge_twice
+    closed_loop.judge, closed_loop.fit = judge_twice, fit_noting
     closed_loop.main()
 
 
