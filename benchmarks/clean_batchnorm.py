@@ -3,18 +3,21 @@
     python benchmarks/clean_batchnorm.py --setting scenes --seeds 0 --arms plain --out F.json
     python benchmarks/clean_batchnorm.py <any closed_loop.py arguments> --out F.json
 
-Runs ``closed_loop.py`` with the arguments given (its ``--out`` file as ever) and judges every model it
-trains a second time, after re-estimating BatchNorm's running statistics on the clean training split
-(``torch.optim.swa_utils.update_bn``: an exact mean over the split, not a running one). Training
-batches that the loops and the augmentation underneath transformed (noise, blurs, padding, replayed
-failures) leave running statistics that the clean test split does not share; if that mismatch were
-the clean-accuracy cost, the second judgement would give it back. Writes ``F.batchnorm.json``: per
-model, the first judgement's clean accuracy, mCA, PGD accuracy and D-Score, and the same four after
-the re-estimate (``recalibrated``), with the mCA per corruption of both, by arm and seed.
+Runs ``closed_loop.py`` with the arguments given (``--out`` is needed, and its file written as ever) and
+judges every model it trains a second time, after re-estimating BatchNorm's running statistics on the
+clean training split (``torch.optim.swa_utils.update_bn``: momentum ``None``, an average over the
+split's batches in place of the running one). Training batches that the loops and the augmentation
+underneath transformed (noise, blurs, padding, replayed failures) leave running statistics that the
+clean test split does not share; if that mismatch were the clean-accuracy cost, the second
+judgement would give it back. Writes ``F.batchnorm.json``, by arm and seed: the first judgement's
+clean accuracy, mCA, PGD accuracy and D-Score (``judged``), the same four after the re-estimate
+(``recalibrated``), the mCA per corruption of both, the test inputs each misreads (``misread``,
+indices into the test split), the arguments and the thread count.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import sys
@@ -37,6 +40,13 @@ def recalibrated(model: closed_loop.Classifier, setting: closed_loop.Setting) ->
     return copied.eval()
 
 
+def misread(model: closed_loop.Classifier, setting: closed_loop.Setting) -> list[int]:
+    """The indices of the test inputs ``model`` misreads."""
+    x, y = setting.test
+    device = next(model.parameters()).device
+    return (closed_loop.predict(model, x.to(device)).cpu() != y).nonzero().flatten().tolist()
+
+
 def second_judgement(model: closed_loop.Classifier, setting: closed_loop.Setting, corrupted: dict) -> dict:
     """Clean accuracy, mCA (and per corruption), PGD accuracy and D-Score, as ``closed_loop.judge`` measures them."""
     x, y = setting.test
@@ -48,13 +58,18 @@ def second_judgement(model: closed_loop.Classifier, setting: closed_loop.Setting
         "pgd": accuracy(closed_loop.attack(model, x, y, setting.eps, 10)),
         "d_score": closed_loop.d_score_of(model, x, y),
         "corruptions": {name: round(value, 4) for name, value in per.items()},
+        "misread": misread(model, setting),
     }
 
 
 def main() -> None:
-    if "--out" not in sys.argv or "--results" in sys.argv or "--accelerator" in sys.argv:
-        raise SystemExit("give closed_loop.py's arguments for fits on the CPU, with --out F.json")
-    out = Path(sys.argv[sys.argv.index("--out") + 1]).with_suffix(".batchnorm.json")
+    given = argparse.ArgumentParser(add_help=False)
+    given.add_argument("--out", type=Path, default=None)
+    given.add_argument("--results", nargs="*", default=None)
+    known, _ = given.parse_known_args()
+    if known.out is None or known.results is not None:
+        raise SystemExit("give closed_loop.py's arguments for fits, with --out F.json (not --results)")
+    out = known.out.with_suffix(".batchnorm.json")
     runs: dict[str, list[dict]] = {}
     judge, fit = closed_loop.judge, closed_loop.fit
     fitted: dict[str, Any] = {}
@@ -71,8 +86,11 @@ def main() -> None:
             "seed": fitted["seed"],
             "judged": {key: scores[key] for key in MEASURES},
             "judged_corruptions": scores["corruptions"],
+            "judged_misread": misread(model, setting),
             "recalibrated": again,
             "seconds": time.perf_counter() - started,
+            "arguments": sys.argv[1:],
+            "threads": torch.get_num_threads(),
         })  # fmt: skip
         out.write_text(json.dumps(runs, indent=1))
         print("    BatchNorm re-estimated on the clean training split: "
