@@ -9,8 +9,9 @@ refined ones, is the unrefined run's), but their rows are put back before the tr
 He et al.'s refinement ("Data Augmentation Revisited: Rethinking the Distribution Gap between Clean and
 Augmented Data", arXiv 1909.09148): a model trained on heavily augmented data, refined on less
 augmented data at the end, keeps the augmentation's generalisation and gets back the empirical risk the
-distribution gap cost it. The loops still measure at every validation. Each record gains
-``"refined": N``; the file is ``closed_loop.py``'s, so ``--results`` reads it beside the others.
+distribution gap cost it. The loops still measure at every validation. Each refined record gains
+``"refined": N``, and its label in the tables ``--epochs-refined N``; the file is ``closed_loop.py``'s, so
+``--results`` reads it beside the others.
 """
 
 from __future__ import annotations
@@ -49,6 +50,18 @@ class PutBack(L.Callback):
                     part.copy_(kept)
 
 
+def refined(arm: closed_loop.Arm, first_refined: int) -> closed_loop.Arm:
+    """``arm``, its training batches put back from epoch ``first_refined`` on as they were before its loops.
+
+    ``Keep`` goes after the augmentation underneath (``--on``), before the loops; ``PutBack`` last.
+    """
+    keep = Keep(first_refined)
+    under = bool(arm.callbacks) and isinstance(arm.callbacks[0], closed_loop.Underneath)
+    arm.callbacks[int(under) : int(under)] = [keep]
+    arm.callbacks.append(PutBack(keep))
+    return arm
+
+
 def main() -> None:
     given = argparse.ArgumentParser(add_help=False)
     given.add_argument("--epochs-refined", type=int, required=True)
@@ -59,22 +72,20 @@ def main() -> None:
     if "--results" in rest:
         raise SystemExit("--results: give closed_loop.py's arguments for fits; read the file with closed_loop.py")
     make_arm, fit = closed_loop.make_arm, closed_loop.fit
-    refined: set[str] = set()
+    names: set[str] = set()  # the arms refined
 
     def make_refined_arm(arm_name: str, *args: Any) -> closed_loop.Arm:
         arm = make_arm(arm_name, *args)
-        if arm.callbacks:  # a loop or control; plain and the standard arms have nothing to refine
-            refined.add(arm_name)
-            keep = Keep(known.epochs - known.epochs_refined)
-            under = isinstance(arm.callbacks[0], closed_loop.Underneath)
-            arm.callbacks[int(under) : int(under)] = [keep]  # after the augmentation underneath, before the loops
-            arm.callbacks.append(PutBack(keep))
-        return arm
+        if not arm.callbacks:  # plain and the standard arms have nothing to refine
+            return arm
+        names.add(arm_name)
+        return refined(arm, known.epochs - known.epochs_refined)
 
     def fit_refined(arm_name: str, *args: Any, **kwargs: Any) -> tuple:
         model, record = fit(arm_name, *args, **kwargs)
-        if arm_name in refined:
+        if arm_name in names:  # the tables' label names the flag, so a merge keeps refined runs apart
             record["refined"] = known.epochs_refined
+            record["options"] = {**record.get("options", {}), "epochs-refined": known.epochs_refined}
         return model, record
 
     closed_loop.make_arm, closed_loop.fit = make_refined_arm, fit_refined
