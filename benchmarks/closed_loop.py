@@ -8,6 +8,7 @@
                                      [--violation_guide [KEY=VALUE ...]] [--spread cell|property|even]
                                      [--properties framework|label_preserving|deeptest_roads|capture ...]
                                      [--control_draws loop|global] [--on augmix|trivialaugment|randaugment|noise]
+                                     [--judge all|goal]
     python benchmarks/closed_loop.py --results results.json   # the tables of a file written by --out
     python benchmarks/closed_loop.py --results part1.json part2.json --out merged.json  # one file of several
     bash benchmarks/closed_loop_gpu.sh merged.json --setting scenes   # one process per loop and seed
@@ -753,8 +754,14 @@ def hda_robustness(model: Classifier, setting: Setting, distribution: PCADistrib
     return float(robustness.compute())
 
 
+JUDGED: list[str] = ["all"]
+"""What the judge measures (``--judge``): ``all``, or ``goal``, the figures the goal is judged by (clean accuracy,
+mCA, FGSM and PGD accuracy, on the scenes ``shuffled``) without the detectors' own measures, which take most of
+the judge's time on the CPU."""
+
+
 def judge(model: Classifier, setting: Setting, corrupted: dict[str, Tensor], distribution: PCADistribution) -> dict:
-    """Every figure of the model on the test split, on the device ``corrupted`` lies on."""
+    """Every figure of the model on the test split (``--judge goal``: the goal's), on the device of ``corrupted``."""
     device = next(iter(corrupted.values())).device
     model.eval().to(device)
     x, y = (part.to(device) for part in setting.test)
@@ -766,6 +773,8 @@ def judge(model: Classifier, setting: Setting, corrupted: dict[str, Tensor], dis
     scores["corruptions"] = {name: round(mean(v), 4) for name, v in per.items()}
     scores["fgsm"] = float((predict(model, attack(model, x, y, setting.eps, 1)) == y).float().mean())
     scores["pgd"] = float((predict(model, attack(model, x, y, setting.eps, 10)) == y).float().mean())
+    if JUDGED[0] == "goal":
+        return scores
     scores["violation_rate"] = violation_rate(model, x)
     scores["local_robustness"] = local_robustness(model, x, y)
     scores["d_score"] = d_score_of(model, x, y)
@@ -1126,6 +1135,11 @@ def merge(files: list[dict[str, list[dict]]]) -> dict[str, list[dict]]:
     return dict(sorted(merged.items(), key=lambda item: order.get(_base(item[0]), len(order))))
 
 
+PRINTED = {"clean": "clean", "mCA": "mCA", "fgsm": "fgsm", "pgd": "pgd", "violation_rate": "viol",
+           "local_robustness": "LR", "d_score": "D", "R_g": "R_g", "shuffled": "shuffled"}  # fmt: skip
+"""A run's figures in its progress line, by their short names (those its judge measured)."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--setting", choices=tuple(SETTINGS), default="mnist")
@@ -1152,6 +1166,10 @@ def main() -> None:
         help="the standard augmentation every loop and control arm trains on top of (applied first)",
     )  # fmt: skip
     parser.add_argument(
+        "--judge", choices=("all", "goal"), default="all",
+        help="goal: clean accuracy, mCA, FGSM, PGD (and shuffled) only, without the detectors' own measures",
+    )  # fmt: skip
+    parser.add_argument(
         "--results", type=Path, nargs="+", default=None,
         help="print the tables of JSON files --out wrote (several: merged, and written to --out if given)",
     )  # fmt: skip
@@ -1172,6 +1190,7 @@ def main() -> None:
     SPREAD[:] = [args.spread]
     CONTROL_DRAWS[:] = [args.control_draws]
     PROPERTIES[:] = args.properties
+    JUDGED[:] = [args.judge]
     ON[:] = [args.on] if args.on else []
     VIOLATION_GUIDE[:] = [] if args.violation_guide is None else [True]  # the flag alone: the guide's defaults
     for name, given in OPTIONS.items():
@@ -1201,12 +1220,8 @@ def main() -> None:
             record.update(judge(model, setting, corrupted, distribution))
             results[arm].append(record)
             extra = f", replayed {record['replayed']}" if "replayed" in record else ""
-            print(f"seed {seed} {arm:>16}: clean {record['clean']:.3f} mCA {record['mCA']:.3f} "
-                  f"fgsm {record['fgsm']:.3f} pgd {record['pgd']:.3f} viol {record['violation_rate']:.3f} "
-                  f"LR {record['local_robustness']:.3f} D {record['d_score']:.3f} R_g {record['R_g']:.3f} "
-                  + (f"shuffled {record['shuffled']:.3f} " if "shuffled" in record else "") +
-                  f"{record['seconds']:.0f} s{extra}",
-                  flush=True)  # fmt: skip
+            figures = " ".join(f"{short} {record[key]:.3f}" for key, short in PRINTED.items() if key in record)
+            print(f"seed {seed} {arm:>16}: {figures} {record['seconds']:.0f} s{extra}", flush=True)
             for said in record["warnings"]:
                 print(f"    warned: {said}")
             if args.out:

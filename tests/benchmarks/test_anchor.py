@@ -1,0 +1,73 @@
+"""benchmarks/anchor.py: the loops' rows train beside the originals of the rows they changed, not in their place."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+import anchor
+import closed_loop as cl  # scripts beside the package, not part of it
+
+from tests.benchmarks.test_closed_loop import setting  # noqa: F401  (the fixture)
+
+
+def through(callbacks: list, trainer: cl.L.Trainer, batch: list[torch.Tensor]) -> torch.Tensor:
+    """``batch`` through ``callbacks`` in Lightning's order; returns what the noise underneath made of its inputs."""
+    torch.manual_seed(0)
+    noised = callbacks[0].augment(batch[0].clone())  # the draws the Underneath below will make
+    torch.manual_seed(0)
+    for callback in callbacks:
+        callback.on_train_batch_start(trainer, None, batch, 0)
+    return noised
+
+
+def test_every_loader_row_trains_as_the_noise_left_it_and_the_replayed_failures_beside_them(
+    setting: cl.Setting,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cl, "ON", ["noise"])
+    arm, added = anchor.anchored(cl.make_arm("metamorphic", setting, 0, {}))
+    trainer = cl.L.Trainer(
+        callbacks=arm.callbacks, logger=False, enable_checkpointing=False, enable_model_summary=False,
+        enable_progress_bar=False, max_epochs=1,
+    )  # fmt: skip
+    order = [type(c).__name__ for c in trainer.callbacks]  # in the order Lightning calls them
+    assert order[:2] == ["Underneath", "Keep"] and order[-1] == "Anchor"
+
+    batch = [torch.rand(20, 1, 28, 28), torch.arange(20) % 7]  # labels 0-6: no row holds a 9
+    labels = batch[1].clone()
+    noised = through(trainer.callbacks, trainer, batch)  # an empty bank: nothing changed, nothing added
+    assert len(batch[0]) == 20 and torch.equal(batch[0], noised) and added.added == 0
+
+    replay = next(c for c in arm.callbacks if isinstance(c, cl.FailureReplay))
+    replay.bank.add(torch.full((4, 1, 28, 28), 0.5), torch.full((4,), 9), "planted")
+    batch = [torch.rand(20, 1, 28, 28), labels.clone()]
+    noised = through(trainer.callbacks, trainer, batch)
+    replaced = (batch[1][:20] == 9).nonzero().flatten()  # the rows the replay wrote its failures over
+    assert len(replaced) == replay.replayed == round(replay.fraction * 20) > 0
+    assert len(batch[0]) == len(batch[1]) == 20 + len(replaced) and added.added == len(replaced)
+    assert (batch[0][replaced] == 0.5).all()  # the failures stay in the batch
+    # and the originals they replaced follow, as the noise left them, with their own labels
+    assert torch.equal(batch[0][20:], noised[replaced]) and torch.equal(batch[1][20:], labels[replaced])
+    kept = torch.ones(20, dtype=torch.bool)
+    kept[replaced] = False
+    assert torch.equal(batch[0][:20][kept], noised[kept])  # every other row as the noise left it, once
+
+
+def test_the_goal_s_judge_measures_the_goal_s_figures_only(
+    setting: cl.Setting,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = cl.Classifier(setting.make_net(), None, None)
+    x, y = setting.test
+    corrupted = {"dimmed": torch.stack([x * 0.5, x * 0.25])}  # two severities of a corruption of our own
+    monkeypatch.setattr(cl, "JUDGED", ["goal"])
+    scores = cl.judge(model, setting, corrupted, None)  # no distribution: HDA's R̂_g is not measured
+    assert set(scores) == {"clean", "mCA", "corruptions", "fgsm", "pgd"}
+    accuracy = [float((model(c).argmax(1) == y).float().mean()) for c in corrupted["dimmed"]]
+    assert scores["mCA"] == pytest.approx(sum(accuracy) / 2)
+    assert scores["clean"] == pytest.approx(float((model(x).argmax(1) == y).float().mean()))
