@@ -111,6 +111,7 @@ import inspect
 import json
 import logging
 import math
+import platform
 import shutil
 import tempfile
 import time
@@ -852,9 +853,11 @@ def fit(
     said = sorted(
         {str(w.message)[:160] for w in caught if "dlguard" in str(w.filename) or "Callback" in str(w.message)}
     )
-    # CPU fits differ with the thread count (a plain fit by a point of mCA): the record says how many it had
+    # CPU fits differ with the thread count (a plain fit by a point of mCA), and with the processor and torch
+    # (plain's seed 3 by 2.3 points of mCA, AMD EPYC and torch 2.14.1 against the Intel Xeon runs before
+    # 2026-12-01): the record says how many threads it had and where it ran
     record = {"seconds": seconds, "warnings": said, "threads": torch.get_num_threads(), "accelerator": accelerator,
-              "epochs": epochs}  # fmt: skip
+              "machine": machine(accelerator), "epochs": epochs}  # fmt: skip
     if isinstance(arm.callbacks[0] if arm.callbacks else None, Underneath):  # make_arm put it under the arm
         record["on"] = ON[0]
     if arm_name == "dlguard":  # its loops in their order, named in the tables (before 2026-11-29: --combine only)
@@ -968,9 +971,25 @@ def summarise(results: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
+def machine(accelerator: str) -> str:
+    """The processor (or GPU) and the torch a fit ran on: ``"AMD EPYC, torch 2.14.1"``."""
+    if accelerator == "gpu":
+        return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+    names = [line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")]
+    return f"{names[0] if names else platform.processor() or 'unknown processor'}, torch {torch.__version__}"
+
+
+def _cpuinfo() -> list[str]:
+    with contextlib.suppress(OSError):
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    return []
+
+
 def _where(run: dict) -> str:
-    """Where a run fitted, as far as its record says (files before 2026-11-28 do not)."""
-    return f"{run['threads']} thread(s) on {run['accelerator']}" if "threads" in run else "unrecorded threads"
+    """Where a run fitted, as far as its record says (files before 2026-11-28 do not; before 2026-12-01 no machine)."""
+    if "threads" not in run:
+        return "unrecorded threads"
+    return f"{run['threads']} thread(s) on {run['accelerator']}" + (f" ({run['machine']})" if "machine" in run else "")
 
 
 def _label(arm: str, runs: list[dict]) -> str:
@@ -1088,7 +1107,11 @@ def paired(results: dict[str, list[dict]], extra: Sequence[tuple[str, str]] = ()
 
 def _judged(run: dict) -> dict:
     """A run's figures without its wall time, the warnings that name it and where it ran: what a rerun repeats."""
-    return {key: value for key, value in run.items() if key not in ("seconds", "warnings", "threads", "accelerator")}
+    return {key: value for key, value in run.items() if key not in _WHERE}
+
+
+_WHERE = ("seconds", "warnings", "threads", "accelerator", "machine")
+"""What a run's record says of its fit's wall time and where it ran, which a rerun elsewhere does not repeat."""
 
 
 def merge(files: list[dict[str, list[dict]]]) -> dict[str, list[dict]]:

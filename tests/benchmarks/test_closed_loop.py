@@ -283,6 +283,7 @@ def test_the_relevancy_control_follows_its_loop_s_dose(monkeypatch: pytest.Monke
     assert control["replayed"] == measured["replayed"] > 0
     assert measured["options"] == control["options"] == {"relevancy": dict(sorted(options.items()))}  # recorded
     assert (measured["threads"], measured["accelerator"], measured["epochs"]) == (torch.get_num_threads(), "cpu", 3)
+    assert measured["machine"] == cl.machine("cpu") and measured["machine"].endswith(f", torch {torch.__version__}")
 
 
 def test_a_run_records_the_flags_other_than_the_defaults_that_changed_it(
@@ -540,6 +541,11 @@ def test_results_of_several_processes_merge_into_one_file_by_arm_and_seed() -> N
     with pytest.raises(SystemExit, match=r"plain ran seed 1 .* judged otherwise \(the runs had 1 thread\(s\) on cpu "):
         cl.merge([{"plain": [one]}, {"plain": [two]}])  # CPU fits differ with the thread count: the message says so
     assert cl.merge([{"plain": [one]}, {"plain": [{**one, "threads": 1}]}])["plain"] == [one]  # alike: kept once
+    elsewhere = {**one, "machine": "AMD EPYC, torch 2.14.1"}  # the same figures on another machine: kept once
+    assert cl.merge([{"plain": [one]}, {"plain": [elsewhere]}])["plain"] == [one]
+    where = r"\(the runs had 2 thread\(s\) on cpu and 2 thread\(s\) on cpu \(AMD EPYC, torch 2.14.1\)\)"
+    with pytest.raises(SystemExit, match=where):  # judged otherwise: the message says where each ran
+        cl.merge([{"plain": [one]}, {"plain": [{**elsewhere, "mCA": 0.69}]}])
     gpu = {**one, "mCA": 0.68, "accelerator": "gpu"}
     with pytest.raises(SystemExit, match=r"\(the runs had 2 thread\(s\) on cpu and 2 thread\(s\) on gpu\)"):
         cl.merge([{"plain": [one]}, {"plain": [gpu]}])
