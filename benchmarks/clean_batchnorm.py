@@ -69,6 +69,8 @@ def main() -> None:
     known, _ = given.parse_known_args()
     if known.out is None or known.results is not None:
         raise SystemExit("give closed_loop.py's arguments for fits, with --out F.json (not --results)")
+    if "--judge" in sys.argv:  # its records hold D-Score, which --judge goal does not measure
+        raise SystemExit("--judge: clean_batchnorm.py judges with the full judge; leave --judge out")
     out = known.out.with_suffix(".batchnorm.json")
     runs: dict[str, list[dict]] = {}
     judge, fit = closed_loop.judge, closed_loop.fit

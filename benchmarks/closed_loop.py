@@ -85,7 +85,8 @@ mutants and padding translations of the test split; higher is better), and HDA's
 (100 test seeds searched by HDA's GA, 50 x 5 with its gradient start, against the arm's own final
 model; the density-weighted share it still gets right), and on the scenes accuracy on the test
 digits recomposited on backgrounds of random kinds (``shuffled``, object relevancy's) --;
-and the fit's wall time, over ``plain``'s. Mean ± standard deviation over the seeds.
+and the fit's wall time, over ``plain``'s (``--judge goal``: the goal's figures alone, clean accuracy,
+mCA, FGSM, PGD and ``shuffled``, without the detectors' measures). Mean ± standard deviation over the seeds.
 
 A second table compares seed by seed, since every arm of a seed shares the split, the initial weights
 and the first epoch's shuffle (a loop and its control every shuffle): each loop against its controls
@@ -827,7 +828,7 @@ def fit(
         keep: when given, receives the arm (its callbacks, banks and guides) for a look after the fit.
 
     Returns:
-        The trained model and its record: fit seconds, warnings, thread count, accelerator, epochs, the flags
+        The trained model and its record: fit seconds, warnings, thread count, accelerator, machine, epochs, the flags
         other than the defaults that reached the arm (``options``, :func:`given_options`), dose, rows replayed.
     """
     L.seed_everything(seed, verbose=False)
@@ -853,9 +854,9 @@ def fit(
     said = sorted(
         {str(w.message)[:160] for w in caught if "dlguard" in str(w.filename) or "Callback" in str(w.message)}
     )
-    # CPU fits differ with the thread count (a plain fit by a point of mCA), and with the processor and torch
-    # (plain's seed 3 by 2.3 points of mCA, AMD EPYC and torch 2.14.1 against the Intel Xeon runs before
-    # 2026-12-01): the record says how many threads it had and where it ran
+    # CPU fits differ with the thread count (a plain fit by a point of mCA) and from machine to machine (plain's
+    # seed 3 by 2.3 points of mCA on an AMD EPYC with torch 2.14.1 against its record of an earlier session's
+    # machine, which records did not name before 2026-12-01): the record says how many threads it had and where
     record = {"seconds": seconds, "warnings": said, "threads": torch.get_num_threads(), "accelerator": accelerator,
               "machine": machine(accelerator), "epochs": epochs}  # fmt: skip
     if isinstance(arm.callbacks[0] if arm.callbacks else None, Underneath):  # make_arm put it under the arm
@@ -972,11 +973,16 @@ def summarise(results: dict[str, list[dict]]) -> list[str]:
 
 
 def machine(accelerator: str) -> str:
-    """The processor (or GPU) and the torch a fit ran on: ``"AMD EPYC, torch 2.14.1"``."""
-    if accelerator == "gpu":
-        return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+    """The processor (or GPU), the CPU kernels torch picks and the torch a fit ran on.
+
+    ``"AMD EPYC (AVX2), torch 2.14.1"``; on a GPU ``"<its name> on <the host's>, torch ..."``.
+    """
     names = [line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")]
-    return f"{names[0] if names else platform.processor() or 'unknown processor'}, torch {torch.__version__}"
+    processor = names[0] if names else platform.processor() or "unknown processor"
+    host = f"{processor} ({torch.backends.cpu.get_cpu_capability()})"
+    if accelerator == "gpu":
+        host = f"{torch.cuda.get_device_name()} on {host}"
+    return f"{host}, torch {torch.__version__}"
 
 
 def _cpuinfo() -> list[str]:

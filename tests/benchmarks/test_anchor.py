@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -71,3 +72,16 @@ def test_the_goal_s_judge_measures_the_goal_s_figures_only(
     accuracy = [float((model(c).argmax(1) == y).float().mean()) for c in corrupted["dimmed"]]
     assert scores["mCA"] == pytest.approx(sum(accuracy) / 2)
     assert scores["clean"] == pytest.approx(float((model(x).argmax(1) == y).float().mean()))
+
+
+def test_a_row_changed_in_its_input_alone_or_its_label_alone_is_anchored_and_no_other() -> None:
+    keep = anchor.Keep(first_refined=0)
+    added = anchor.Anchor(keep)
+    batch = [torch.rand(6, 3, 4, 4), torch.arange(6)]
+    keep.on_train_batch_start(SimpleNamespace(current_epoch=0), None, batch, 0)
+    original = [part.clone() for part in batch]
+    batch[0][2] = batch[0][2].flip(-1)  # a guide's row: the input changed, the label kept
+    batch[1][4] = 0  # a replayed failure whose input is the original's: the label alone changed
+    added.on_train_batch_start(None, None, batch, 0)
+    assert len(batch[0]) == len(batch[1]) == 8 and added.added == 2
+    assert torch.equal(batch[0][6:], original[0][[2, 4]]) and torch.equal(batch[1][6:], original[1][[2, 4]])
