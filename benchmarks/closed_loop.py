@@ -757,9 +757,10 @@ def hda_robustness(model: Classifier, setting: Setting, distribution: PCADistrib
 
 
 JUDGED: list[str] = ["all"]
-"""What the judge measures (``--judge``): ``all``, or ``goal``, the figures the goal is judged by (clean accuracy,
-mCA, FGSM and PGD accuracy, on the scenes ``shuffled``) without the detectors' own measures, which take most of
-the judge's time on the CPU."""
+"""What the judge measures (``--judge``): ``all``, or ``goal``, the figures the goal is judged by (clean
+accuracy, mCA, FGSM and PGD accuracy, on the scenes ``shuffled``) without the detectors' own measures (on
+the scenes at one thread a goal judgement still takes about as long as plain's fit: mCA's 75 corrupted
+test sets are most of it)."""
 
 
 def judge(model: Classifier, setting: Setting, corrupted: dict[str, Tensor], distribution: PCADistribution) -> dict:
