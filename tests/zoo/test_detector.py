@@ -17,6 +17,7 @@ from dlguard.zoo.pretrained import WEIGHTS_DIR
 from dlguard.zoo.proposals import label_proposals, object_proposals
 from dlguard.zoo.scene_classifier import scene_digits
 from dlguard.zoo.torchvision_detector import random_torchvision_detector
+from tests.zoo.shipped import SHIPPED_HERE
 
 
 @pytest.fixture(scope="module")
@@ -277,13 +278,6 @@ def test_classifier_runs_on_the_module_device(held_out) -> None:
         assert torch.equal(a["labels"], b["labels"].cpu()) and torch.equal(b["labels"], c["labels"])
         torch.testing.assert_close(a["scores"], b["scores"].cpu(), rtol=0, atol=1e-4)
         torch.testing.assert_close(c["boxes"], b["boxes"])
-
-
-SHIPPED_HERE = torch.backends.cpu.get_cpu_capability() == "AVX512"
-"""Whether torch picks the CPU kernels the shipped weights were trained with (AVX512, assumed: the earlier
-sessions' Intel Xeon machines, whose kernels no record names). Elsewhere (an AMD EPYC's AVX2 kernels,
-2026-12-01) the recipe trains other last bits: its weights have the shipped keys, shapes and dtype and pass
-the quality bar, but are not the shipped ones bit for bit."""
 
 
 @pytest.mark.slow

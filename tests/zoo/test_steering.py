@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from dlguard.data.roads import make_roads
 from dlguard.zoo.pretrained import WEIGHTS_DIR, pretrained
 from dlguard.zoo.steering import SteeringModule, chauffeur_steering, epoch_steering
+from tests.zoo.shipped import SHIPPED_HERE
 
 RECIPE = Path(__file__).parents[2] / "recipes" / "train_zoo.py"
 
@@ -141,13 +142,6 @@ def test_pretrained_road_epoch_is_small_and_far_better_than_the_mean() -> None:
     with torch.no_grad():
         untrained = float(((epoch_steering().eval()(roads.images)[:, 0] - roads.angles) ** 2).mean())
     assert untrained > variance / 2  # the check above can fail
-
-
-SHIPPED_HERE = torch.backends.cpu.get_cpu_capability() == "AVX512"
-"""Whether torch picks the CPU kernels the shipped weights were trained with (AVX512, assumed: the earlier
-sessions' Intel Xeon machines, whose kernels no record names). Elsewhere (an AMD EPYC's AVX2 kernels,
-2026-12-01) the recipe trains other last bits: its weights have the shipped keys, shapes and dtype and pass
-the quality bar, but are not the shipped ones bit for bit."""
 
 
 @pytest.mark.slow
