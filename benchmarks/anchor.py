@@ -12,6 +12,12 @@ training (or the augmentation underneath) trains on it, and the loops' rows come
 ``B`` rows grows by the rows the loops changed. The loops draw as ever, so every random stream is the
 unanchored run's. Each anchored record gains ``"anchored"``, the rows added over the fit, and its label
 in the tables ``--anchor True``; the file is ``closed_loop.py``'s, so ``--results`` reads it beside the others.
+
+    python benchmarks/anchor.py --anchor-draw random <closed_loop.py arguments> --out F.json
+
+is the control of the anchoring's other change, a larger batch: it appends as many originals as the loops
+changed rows, but of rows drawn at random from the batch (a generator of its own, so the loops' draws stay
+the unanchored run's), and is labelled ``--anchor random``.
 """
 
 from __future__ import annotations
@@ -24,28 +30,44 @@ import lightning as L
 import torch
 from refine import Keep
 
+DRAWS = ("changed", "random")
+
 
 class Anchor(L.Callback):
-    """Last among the callbacks: appends ``Keep``'s original of every row the loops changed to the batch."""
+    """Last among the callbacks: appends ``Keep``'s original of every row the loops changed to the batch.
 
-    def __init__(self, keep: Keep) -> None:
-        self.keep = keep
+    ``draw="random"``: as many originals, of rows drawn uniformly from the batch without replacement
+    (``seed`` seeds a generator of the callback's own), whether the loops changed them or not.
+    """
+
+    def __init__(self, keep: Keep, draw: str = "changed", seed: int = 0) -> None:
+        if draw not in DRAWS:
+            raise ValueError(f"draw: expected one of {DRAWS}, got {draw!r}")
+        self.keep, self.draw = keep, draw
+        self.generator = torch.Generator().manual_seed(seed)
         self.added = 0
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
         kept_inputs, kept_labels = self.keep.kept
         changed = (batch[0] != kept_inputs).flatten(1).any(1) | (batch[1] != kept_labels)
+        if self.draw == "random":
+            count = int(changed.sum())
+            changed = torch.zeros_like(changed)
+            changed[torch.randperm(len(changed), generator=self.generator)[:count].to(changed.device)] = True
         batch[0] = torch.cat([batch[0], kept_inputs[changed]])
         batch[1] = torch.cat([batch[1], kept_labels[changed]])
         self.added += int(changed.sum())
 
 
-def anchored(arm: closed_loop.Arm) -> tuple[closed_loop.Arm, Anchor]:
-    """``arm`` with the originals of the rows its loops change added to each batch; ``Keep`` after ``--on``'s."""
+def anchored(arm: closed_loop.Arm, draw: str = "changed", seed: int = 0) -> tuple[closed_loop.Arm, Anchor]:
+    """``arm`` with the originals of the rows its loops change added to each batch; ``Keep`` after ``--on``'s.
+
+    ``draw`` and ``seed`` are :class:`Anchor`'s.
+    """
     keep = Keep(first_refined=0)  # every epoch
     under = bool(arm.callbacks) and isinstance(arm.callbacks[0], closed_loop.Underneath)
     arm.callbacks[int(under) : int(under)] = [keep]
-    anchor = Anchor(keep)
+    anchor = Anchor(keep, draw, seed)
     arm.callbacks.append(anchor)
     return arm, anchor
 
@@ -53,21 +75,28 @@ def anchored(arm: closed_loop.Arm) -> tuple[closed_loop.Arm, Anchor]:
 def main() -> None:
     if "--results" in sys.argv:
         raise SystemExit("--results: give closed_loop.py's arguments for fits; read the file with closed_loop.py")
+    draw = "changed"
+    if "--anchor-draw" in sys.argv:  # this script's own flag; the rest are closed_loop.py's
+        at = sys.argv.index("--anchor-draw")
+        draw = sys.argv[at + 1] if at + 1 < len(sys.argv) else ""
+        if draw not in DRAWS:
+            raise SystemExit(f"--anchor-draw: expected one of {DRAWS}, got {draw!r}")
+        del sys.argv[at : at + 2]
     make_arm, fit = closed_loop.make_arm, closed_loop.fit
     anchors: dict[str, Anchor] = {}  # the arm being fitted's
 
-    def make_anchored_arm(arm_name: str, *args: Any) -> closed_loop.Arm:
-        arm = make_arm(arm_name, *args)
+    def make_anchored_arm(arm_name: str, setting: closed_loop.Setting, seed: int, *args: Any) -> closed_loop.Arm:
+        arm = make_arm(arm_name, setting, seed, *args)
         if not arm.callbacks:  # plain and the standard arms change no row
             return arm
-        arm, anchors[arm_name] = anchored(arm)
+        arm, anchors[arm_name] = anchored(arm, draw, seed)
         return arm
 
     def fit_anchored(arm_name: str, *args: Any, **kwargs: Any) -> tuple:
         model, record = fit(arm_name, *args, **kwargs)
         if arm_name in anchors:  # the tables' label names the flag, so a merge keeps anchored runs apart
             record["anchored"] = anchors.pop(arm_name).added
-            record["options"] = {**record.get("options", {}), "anchor": True}
+            record["options"] = {**record.get("options", {}), "anchor": True if draw == "changed" else draw}
         return model, record
 
     closed_loop.make_arm, closed_loop.fit = make_anchored_arm, fit_anchored

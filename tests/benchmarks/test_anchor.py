@@ -85,3 +85,24 @@ def test_a_row_changed_in_its_input_alone_or_its_label_alone_is_anchored_and_no_
     added.on_train_batch_start(None, None, batch, 0)
     assert len(batch[0]) == len(batch[1]) == 8 and added.added == 2
     assert torch.equal(batch[0][6:], original[0][[2, 4]]) and torch.equal(batch[1][6:], original[1][[2, 4]])
+
+
+def test_the_random_control_appends_as_many_originals_of_rows_drawn_at_random_without_the_global_rng() -> None:
+    keep = anchor.Keep(first_refined=0)
+    control = anchor.Anchor(keep, draw="random", seed=3)
+    batch = [torch.rand(40, 3, 4, 4), torch.arange(40)]
+    keep.on_train_batch_start(SimpleNamespace(current_epoch=0), None, batch, 0)
+    original = [part.clone() for part in batch]
+    batch[1][:5] = 39  # five rows the loops changed, the first five
+    state = torch.get_rng_state()
+    control.on_train_batch_start(None, None, batch, 0)
+    assert torch.equal(torch.get_rng_state(), state)  # the loops' draws stay the unanchored run's
+    assert len(batch[0]) == len(batch[1]) == 45 and control.added == 5
+    rows = [int(torch.nonzero((original[0] == row).flatten(1).all(1))) for row in batch[0][40:]]
+    assert len(set(rows)) == 5 and rows != [0, 1, 2, 3, 4]  # five distinct rows, not the changed ones
+    assert torch.equal(batch[1][40:], original[1][rows])  # each with its own original label
+    drawn = torch.zeros(40, dtype=torch.bool)
+    drawn[torch.randperm(40, generator=torch.Generator().manual_seed(3))[:5]] = True
+    assert rows == drawn.nonzero().flatten().tolist()  # the seeded generator's draw, in row order
+    with pytest.raises(ValueError, match="draw"):
+        anchor.Anchor(keep, draw="every")
