@@ -44,7 +44,7 @@ class Anchor(L.Callback):
         if draw not in DRAWS:
             raise ValueError(f"draw: expected one of {DRAWS}, got {draw!r}")
         self.keep, self.draw = keep, draw
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator().manual_seed(seed) if draw == "random" else None
         self.added = 0
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
@@ -72,16 +72,27 @@ def anchored(arm: closed_loop.Arm, draw: str = "changed", seed: int = 0) -> tupl
     return arm, anchor
 
 
+def take_draw(argv: list[str]) -> str:
+    """Removes this script's own ``--anchor-draw D`` (or ``--anchor-draw=D``, once) from ``argv``; returns ``D``."""
+    given = [at for at, word in enumerate(argv) if word == "--anchor-draw" or word.startswith("--anchor-draw=")]
+    if not given:
+        return "changed"
+    if len(given) > 1:
+        raise SystemExit("--anchor-draw: given more than once")
+    at = given[0]
+    _, equals, draw = argv[at].partition("=")
+    if not equals:
+        draw = argv[at + 1] if at + 1 < len(argv) else ""
+    if draw not in DRAWS:
+        raise SystemExit(f"--anchor-draw: expected one of {DRAWS}, got {draw!r}")
+    del argv[at : at + (1 if equals else 2)]
+    return draw
+
+
 def main() -> None:
     if "--results" in sys.argv:
         raise SystemExit("--results: give closed_loop.py's arguments for fits; read the file with closed_loop.py")
-    draw = "changed"
-    if "--anchor-draw" in sys.argv:  # this script's own flag; the rest are closed_loop.py's
-        at = sys.argv.index("--anchor-draw")
-        draw = sys.argv[at + 1] if at + 1 < len(sys.argv) else ""
-        if draw not in DRAWS:
-            raise SystemExit(f"--anchor-draw: expected one of {DRAWS}, got {draw!r}")
-        del sys.argv[at : at + 2]
+    draw = take_draw(sys.argv)  # the rest are closed_loop.py's
     make_arm, fit = closed_loop.make_arm, closed_loop.fit
     anchors: dict[str, Anchor] = {}  # the arm being fitted's
 

@@ -90,19 +90,55 @@ def test_a_row_changed_in_its_input_alone_or_its_label_alone_is_anchored_and_no_
 def test_the_random_control_appends_as_many_originals_of_rows_drawn_at_random_without_the_global_rng() -> None:
     keep = anchor.Keep(first_refined=0)
     control = anchor.Anchor(keep, draw="random", seed=3)
+    drawn = torch.zeros(40, dtype=torch.bool)
+    drawn[torch.randperm(40, generator=torch.Generator().manual_seed(3))[:5]] = True
+    rows = drawn.nonzero().flatten().tolist()  # the seeded generator's draw, in row order
     batch = [torch.rand(40, 3, 4, 4), torch.arange(40)]
     keep.on_train_batch_start(SimpleNamespace(current_epoch=0), None, batch, 0)
     original = [part.clone() for part in batch]
-    batch[1][:5] = 39  # five rows the loops changed, the first five
+    changed = [rows[0], *[row for row in range(40) if row not in rows][:4]]  # one of the drawn rows among them
+    batch[0][changed] = 0.0  # five rows the loops changed, inputs and labels
+    batch[1][changed] = 39
     state = torch.get_rng_state()
     control.on_train_batch_start(None, None, batch, 0)
     assert torch.equal(torch.get_rng_state(), state)  # the loops' draws stay the unanchored run's
     assert len(batch[0]) == len(batch[1]) == 45 and control.added == 5
-    rows = [int(torch.nonzero((original[0] == row).flatten(1).all(1))) for row in batch[0][40:]]
-    assert len(set(rows)) == 5 and rows != [0, 1, 2, 3, 4]  # five distinct rows, not the changed ones
-    assert torch.equal(batch[1][40:], original[1][rows])  # each with its own original label
-    drawn = torch.zeros(40, dtype=torch.bool)
-    drawn[torch.randperm(40, generator=torch.Generator().manual_seed(3))[:5]] = True
-    assert rows == drawn.nonzero().flatten().tolist()  # the seeded generator's draw, in row order
+    # the originals of the drawn rows, as kept before the loops (the changed one too), with their own labels
+    assert torch.equal(batch[0][40:], original[0][rows]) and torch.equal(batch[1][40:], original[1][rows])
+    assert rows != sorted(changed)  # drawn at random, not the changed rows
     with pytest.raises(ValueError, match="draw"):
         anchor.Anchor(keep, draw="every")
+
+
+def test_the_script_takes_its_own_flag_and_labels_the_records(
+    setting: cl.Setting,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for argv, draw, rest in [
+        (["anchor.py", "--seeds", "0"], "changed", ["anchor.py", "--seeds", "0"]),
+        (["anchor.py", "--anchor-draw", "random", "--seeds", "0"], "random", ["anchor.py", "--seeds", "0"]),
+        (["anchor.py", "--seeds", "0", "--anchor-draw=random"], "random", ["anchor.py", "--seeds", "0"]),
+    ]:
+        assert anchor.take_draw(argv) == draw and argv == rest
+    for argv in (["a", "--anchor-draw"], ["a", "--anchor-draw=every"], ["a", "--anchor-draw=random"] * 2):
+        with pytest.raises(SystemExit, match="--anchor-draw"):
+            anchor.take_draw(argv)
+
+    seen: list = []
+
+    def fake_main() -> None:  # what closed_loop.main does with an arm: make it, fit it, keep the record
+        arm = cl.make_arm("metamorphic", setting, 4, {})
+        seen.append(
+            (arm.callbacks[-1], cl.fit("metamorphic", setting, 4, 1, {})[1], cl.fit("plain", setting, 4, 1, {})[1])
+        )
+
+    monkeypatch.setattr(cl, "fit", lambda arm_name, *args, **kwargs: (None, {"options": {"guide": 1}}))
+    monkeypatch.setattr(cl, "main", fake_main)
+    monkeypatch.setattr(cl, "make_arm", cl.make_arm)  # restored after the test: main() patches both
+    monkeypatch.setattr(cl, "ON", [])
+    monkeypatch.setattr(sys, "argv", ["anchor.py", "--anchor-draw", "random"])
+    anchor.main()
+    ((last, record, plain),) = seen
+    assert isinstance(last, anchor.Anchor) and last.draw == "random"
+    assert record == {"options": {"guide": 1, "anchor": "random"}, "anchored": 0}
+    assert plain == {"options": {"guide": 1}}  # plain changes no row: not anchored, not labelled
