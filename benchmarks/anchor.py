@@ -50,13 +50,13 @@ class Anchor(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
         kept_inputs, kept_labels = self.keep.kept
         changed = (batch[0] != kept_inputs).flatten(1).any(1) | (batch[1] != kept_labels)
+        count = int(changed.sum())  # one host sync a batch: a harness on the CPU
         if self.draw == "random":
-            count = int(changed.sum())
             changed = torch.zeros_like(changed)
             changed[torch.randperm(len(changed), generator=self.generator)[:count].to(changed.device)] = True
         batch[0] = torch.cat([batch[0], kept_inputs[changed]])
         batch[1] = torch.cat([batch[1], kept_labels[changed]])
-        self.added += int(changed.sum())
+        self.added += count
 
 
 def anchored(arm: closed_loop.Arm, draw: str = "changed", seed: int = 0) -> tuple[closed_loop.Arm, Anchor]:

@@ -105,7 +105,6 @@ def test_the_random_control_appends_as_many_originals_of_rows_drawn_at_random_wi
     assert len(batch[0]) == len(batch[1]) == 45 and control.added == 5
     # the originals of the drawn rows, as kept before the loops (the changed one too), with their own labels
     assert torch.equal(batch[0][40:], original[0][rows]) and torch.equal(batch[1][40:], original[1][rows])
-    assert rows != sorted(changed)  # drawn at random, not the changed rows
     with pytest.raises(ValueError, match="draw"):
         anchor.Anchor(keep, draw="every")
 

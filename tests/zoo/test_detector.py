@@ -17,7 +17,7 @@ from dlguard.zoo.pretrained import WEIGHTS_DIR
 from dlguard.zoo.proposals import label_proposals, object_proposals
 from dlguard.zoo.scene_classifier import scene_digits
 from dlguard.zoo.torchvision_detector import random_torchvision_detector
-from tests.zoo.shipped import SHIPPED_HERE
+from tests.zoo.shipped import assert_like_shipped
 
 
 @pytest.fixture(scope="module")
@@ -293,7 +293,4 @@ def test_recipe_reproduces_the_shipped_classifier(tmp_path, monkeypatch) -> None
     assert torch.get_num_threads() == threads and torch.are_deterministic_algorithms_enabled() == deterministic
     shipped = torch.load(WEIGHTS_DIR / "scene_digits.pt", weights_only=True)
     again = torch.load(tmp_path / "scene_digits.pt", weights_only=True)
-    assert shipped.keys() == again.keys()
-    assert all(again[key].shape == shipped[key].shape and again[key].dtype == shipped[key].dtype for key in shipped)
-    if SHIPPED_HERE:  # bit for bit only on the CPU kernels that trained the shipped weights
-        assert all(torch.equal(shipped[key], again[key]) for key in shipped)
+    assert_like_shipped(shipped, again)
