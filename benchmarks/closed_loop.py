@@ -846,11 +846,11 @@ def fit(
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=root,
         callbacks=arm.callbacks,
     )  # fmt: skip
-    started = time.perf_counter()
+    started, spent = time.perf_counter(), time.process_time()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(model, train, val)
-    seconds = time.perf_counter() - started
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - spent
     shutil.rmtree(root, ignore_errors=True)
     said = sorted(
         {str(w.message)[:160] for w in caught if "dlguard" in str(w.filename) or "Callback" in str(w.message)}
@@ -858,8 +858,10 @@ def fit(
     # CPU fits differ with the thread count (a plain fit by a point of mCA) and from machine to machine (plain's
     # seed 3 by 2.3 points of mCA on an AMD EPYC with torch 2.14.1 against its record of an earlier session's
     # machine, which records did not name before 2026-12-01): the record says how many threads it had and where
-    record = {"seconds": seconds, "warnings": said, "threads": torch.get_num_threads(), "accelerator": accelerator,
-              "machine": machine(accelerator), "epochs": epochs}  # fmt: skip
+    # the wall time grows with what else runs on the machine; the CPU time this process spent (every thread of
+    # it) does not, so fits that shared a machine unevenly compare by it (recorded from 2026-12-02)
+    record = {"seconds": seconds, "cpu_seconds": cpu_seconds, "warnings": said, "threads": torch.get_num_threads(),
+              "accelerator": accelerator, "machine": machine(accelerator), "epochs": epochs}  # fmt: skip
     if isinstance(arm.callbacks[0] if arm.callbacks else None, Underneath):  # make_arm put it under the arm
         record["on"] = ON[0]
     if arm_name == "dlguard":  # its loops in their order, named in the tables (before 2026-11-29: --combine only)
@@ -949,7 +951,6 @@ def _flags(options: dict[str, Any]) -> str:
 def summarise(results: dict[str, list[dict]]) -> list[str]:
     """The table of every arm that ran (a file a run is still writing lists the arms to come, without runs)."""
     results = {arm: runs for arm, runs in results.items() if runs}
-    plain_time = mean(r["seconds"] for r in results["plain"]) if "plain" in results else float("nan")
     columns = ("clean", "mCA", "fgsm", "pgd", "violation_rate", "local_robustness", "d_score", "R_g", "shuffled")
     lines = ["| arm | " + " | ".join(columns) + " | fit time |", "|---" * (len(columns) + 2) + "|"]
     for arm, runs in results.items():
@@ -961,16 +962,25 @@ def summarise(results: dict[str, list[dict]]) -> list[str]:
                 continue
             spread = stdev(values) if len(values) > 1 else 0.0
             cells.append(f"{mean(values):.3f} ± {spread:.3f}")
-        seconds = mean(r["seconds"] for r in runs)
-        time = (
-            f"{seconds / plain_time:.1f}x" if plain_time == plain_time else f"{seconds:.1f} s"
-        )  # no plain arm: seconds
-        lines.append(f"| {_label(arm, runs)} | " + " | ".join(cells) + f" | {time} |")
+        lines.append(f"| {_label(arm, runs)} | " + " | ".join(cells) + f" | {_fit_time(runs, results.get('plain'))} |")
     every = [run for runs in results.values() for run in runs]
     where = sorted({_where(run) for run in every})
     if len(where) > 1:  # a merged file: a fit time's ratio mixes machines' loads
         lines.append(f"(fit times from runs with {' and '.join(where)}: their ratios compare only roughly)")
     return lines
+
+
+def _fit_time(runs: list[dict], plain: list[dict] | None) -> str:
+    """An arm's mean fit time over plain's, or its seconds where no plain arm ran.
+
+    ``"1.4x CPU"`` by the CPU time the fits spent where every run of both records it (what else ran on the machine
+    leaves that be), else ``"2.2x"`` by wall time.
+    """
+    if not plain:
+        return f"{mean(r['seconds'] for r in runs):.1f} s"
+    if all("cpu_seconds" in run for run in [*runs, *plain]):
+        return f"{mean(r['cpu_seconds'] for r in runs) / mean(r['cpu_seconds'] for r in plain):.1f}x CPU"
+    return f"{mean(r['seconds'] for r in runs) / mean(r['seconds'] for r in plain):.1f}x"
 
 
 def machine(accelerator: str) -> str:
@@ -1117,7 +1127,7 @@ def _judged(run: dict) -> dict:
     return {key: value for key, value in run.items() if key not in _WHERE}
 
 
-_WHERE = ("seconds", "warnings", "threads", "accelerator", "machine")
+_WHERE = ("seconds", "cpu_seconds", "warnings", "threads", "accelerator", "machine")
 """What a run's record says of its fit's wall time and where it ran, which a rerun elsewhere does not repeat."""
 
 

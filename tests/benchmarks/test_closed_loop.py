@@ -283,6 +283,7 @@ def test_the_relevancy_control_follows_its_loop_s_dose(monkeypatch: pytest.Monke
     assert control["replayed"] == measured["replayed"] > 0
     assert measured["options"] == control["options"] == {"relevancy": dict(sorted(options.items()))}  # recorded
     assert (measured["threads"], measured["accelerator"], measured["epochs"]) == (torch.get_num_threads(), "cpu", 3)
+    assert measured["cpu_seconds"] > 0 and measured["seconds"] > 0
     assert measured["machine"] == cl.machine("cpu") and measured["machine"].endswith(f", torch {torch.__version__}")
 
 
@@ -599,6 +600,10 @@ def test_the_tables_of_a_file_still_being_written_show_the_arms_that_ran() -> No
     assert [line.split(" | ")[0] for line in lines[2:]] == ["| plain", "| robustness"]
     assert lines[3].endswith("| 1.5x |") and "0.250 ± 0.000" in lines[3]
     assert len(lines) == 4  # one thread count (or none recorded): no word on the fit times
+    timed = {"plain": [{**run, "cpu_seconds": 1.0}], "noise": [{**run, "seconds": 8.0, "cpu_seconds": 1.5}]}
+    assert cl.summarise(timed)[3].endswith("| 1.5x CPU |")  # by the CPU time both spent, not the wall's 4.0x
+    timed["noise"].append({**run, "seconds": 6.0, "seed": 1})  # a run before CPU times were recorded
+    assert cl.summarise(timed)[3].endswith("| 3.5x |")  # the wall's, for every run alike
     two = {arm: [{**run, "threads": n, "accelerator": "cpu"}] for arm, n in (("plain", 2), ("noise", 1))}
     assert cl.summarise(two)[-1] == (
         "(fit times from runs with 1 thread(s) on cpu and 2 thread(s) on cpu: their ratios compare only roughly)"
