@@ -10,8 +10,10 @@ batch", arXiv 1901.09335, and the papers' own retraining, which adds the test ca
 rather than trading training inputs for them). So every loader row is trained on once an epoch as plain
 training (or the augmentation underneath) trains on it, and the loops' rows come on top; a batch of
 ``B`` rows grows by the rows the loops changed. The loops draw as ever, so every random stream is the
-unanchored run's. Each anchored record gains ``"anchored"``, the rows added over the fit, and its label
-in the tables ``--anchor True``; the file is ``closed_loop.py``'s, so ``--results`` reads it beside the others.
+unanchored run's. The anchoring is the library's :class:`~dlguard.callbacks.KeepOriginals` (since
+2026-12-02; this script's own callbacks before, which did the same). Each anchored record gains
+``"anchored"``, the rows added over the fit, and its label in the tables ``--anchor True``; the file is
+``closed_loop.py``'s, so ``--results`` reads it beside the others.
 
     python benchmarks/anchor.py --anchor-draw random <closed_loop.py arguments> --out F.json
 
@@ -26,50 +28,42 @@ import sys
 from typing import Any
 
 import closed_loop
-import lightning as L
 import torch
-from refine import Keep
+from torch import Tensor
+
+from dlguard.callbacks import KeepOriginals
 
 DRAWS = ("changed", "random")
 
 
-class Anchor(L.Callback):
-    """Last among the callbacks: appends ``Keep``'s original of every row the loops changed to the batch.
+class RandomOriginals(KeepOriginals):
+    """The control of :class:`~dlguard.callbacks.KeepOriginals`' larger batch.
 
-    ``draw="random"``: as many originals, of rows drawn uniformly from the batch without replacement
+    As many originals as the loops changed rows, of rows drawn uniformly from the batch without replacement
     (``seed`` seeds a generator of the callback's own), whether the loops changed them or not.
     """
 
-    def __init__(self, keep: Keep, draw: str = "changed", seed: int = 0) -> None:
-        if draw not in DRAWS:
-            raise ValueError(f"draw: expected one of {DRAWS}, got {draw!r}")
-        self.keep, self.draw = keep, draw
-        self.generator = torch.Generator().manual_seed(seed) if draw == "random" else None
-        self.added = 0
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        self.generator = torch.Generator().manual_seed(seed)
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
-        kept_inputs, kept_labels = self.keep.kept
-        changed = (batch[0] != kept_inputs).flatten(1).any(1) | (batch[1] != kept_labels)
-        count = int(changed.sum())  # one host sync a batch: a harness on the CPU
-        if self.draw == "random":
-            changed = torch.zeros_like(changed)
-            changed[torch.randperm(len(changed), generator=self.generator)[:count].to(changed.device)] = True
-        batch[0] = torch.cat([batch[0], kept_inputs[changed]])
-        batch[1] = torch.cat([batch[1], kept_labels[changed]])
-        self.added += count
+    def rows(self, changed: Tensor) -> Tensor:
+        count = int(changed.sum())  # one host sync a batch, as KeepOriginals'
+        return torch.randperm(len(changed), generator=self.generator)[:count].sort().values.to(changed.device)
 
 
-def anchored(arm: closed_loop.Arm, draw: str = "changed", seed: int = 0) -> tuple[closed_loop.Arm, Anchor]:
-    """``arm`` with the originals of the rows its loops change added to each batch; ``Keep`` after ``--on``'s.
+def anchored(arm: closed_loop.Arm, draw: str = "changed", seed: int = 0) -> tuple[closed_loop.Arm, KeepOriginals]:
+    """``arm`` with the originals of the rows its loops change added to each batch, or of as many drawn rows.
 
-    ``draw`` and ``seed`` are :class:`Anchor`'s.
+    ``draw="changed"``: :class:`~dlguard.callbacks.KeepOriginals`; ``"random"``: :class:`RandomOriginals`
+    (seeded by ``seed``). The keeper goes in when the fit starts, before the first loop that changes batches,
+    so after ``--on``'s augmentation underneath.
     """
-    keep = Keep(first_refined=0)  # every epoch
-    under = bool(arm.callbacks) and isinstance(arm.callbacks[0], closed_loop.Underneath)
-    arm.callbacks[int(under) : int(under)] = [keep]
-    anchor = Anchor(keep, draw, seed)
-    arm.callbacks.append(anchor)
-    return arm, anchor
+    if draw not in DRAWS:
+        raise ValueError(f"draw: expected one of {DRAWS}, got {draw!r}")
+    keep = KeepOriginals() if draw == "changed" else RandomOriginals(seed)
+    arm.callbacks.append(keep)
+    return arm, keep
 
 
 def take_draw(argv: list[str]) -> str:
@@ -94,7 +88,7 @@ def main() -> None:
         raise SystemExit("--results: give closed_loop.py's arguments for fits; read the file with closed_loop.py")
     draw = take_draw(sys.argv)  # the rest are closed_loop.py's
     make_arm, fit = closed_loop.make_arm, closed_loop.fit
-    anchors: dict[str, Anchor] = {}  # the arm being fitted's
+    anchors: dict[str, KeepOriginals] = {}  # the arm being fitted's
 
     def make_anchored_arm(arm_name: str, setting: closed_loop.Setting, seed: int, *args: Any) -> closed_loop.Arm:
         arm = make_arm(arm_name, setting, seed, *args)
@@ -106,7 +100,7 @@ def main() -> None:
     def fit_anchored(arm_name: str, *args: Any, **kwargs: Any) -> tuple:
         model, record = fit(arm_name, *args, **kwargs)
         if arm_name in anchors:  # the tables' label names the flag, so a merge keeps anchored runs apart
-            record["anchored"] = anchors.pop(arm_name).added
+            record["anchored"] = anchors.pop(arm_name).appended
             record["options"] = {**record.get("options", {}), "anchor": True if draw == "changed" else draw}
         return model, record
 

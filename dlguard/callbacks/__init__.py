@@ -6,6 +6,7 @@ from dlguard.callbacks.dscore import DScoreCallback
 from dlguard.callbacks.hda import HDACallback
 from dlguard.callbacks.metamorphic import MetamorphicCallback
 from dlguard.callbacks.object_relevancy import ObjectRelevancyCallback
+from dlguard.callbacks.originals import KeepOriginals
 from dlguard.callbacks.replay import FailureReplay
 from dlguard.callbacks.robustness import RobustnessCallback
 
@@ -13,6 +14,7 @@ __all__ = [
     "DScoreCallback",
     "FailureReplay",
     "HDACallback",
+    "KeepOriginals",
     "MetamorphicCallback",
     "NeuronCoverageCallback",
     "ObjectRelevancyCallback",

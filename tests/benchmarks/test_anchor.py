@@ -36,13 +36,15 @@ def test_every_loader_row_trains_as_the_noise_left_it_and_the_replayed_failures_
         callbacks=arm.callbacks, logger=False, enable_checkpointing=False, enable_model_summary=False,
         enable_progress_bar=False, max_epochs=1,
     )  # fmt: skip
+    added.setup(trainer, None, "fit")  # the fit's start places the keeper
     order = [type(c).__name__ for c in trainer.callbacks]  # in the order Lightning calls them
-    assert order[:2] == ["Underneath", "Keep"] and order[-1] == "Anchor"
+    assert order[0] == "Underneath" and order[-1] == "KeepOriginals"
+    assert order.index("_Keeper") < order.index("FailureReplay")
 
     batch = [torch.rand(20, 1, 28, 28), torch.arange(20) % 7]  # labels 0-6: no row holds a 9
     labels = batch[1].clone()
     noised = through(trainer.callbacks, trainer, batch)  # an empty bank: nothing changed, nothing added
-    assert len(batch[0]) == 20 and torch.equal(batch[0], noised) and added.added == 0
+    assert len(batch[0]) == 20 and torch.equal(batch[0], noised) and added.appended == 0
 
     replay = next(c for c in arm.callbacks if isinstance(c, cl.FailureReplay))
     replay.bank.add(torch.full((4, 1, 28, 28), 0.5), torch.full((4,), 9), "planted")
@@ -50,7 +52,7 @@ def test_every_loader_row_trains_as_the_noise_left_it_and_the_replayed_failures_
     noised = through(trainer.callbacks, trainer, batch)
     replaced = (batch[1][:20] == 9).nonzero().flatten()  # the rows the replay wrote its failures over
     assert len(replaced) == replay.replayed == round(replay.fraction * 20) > 0
-    assert len(batch[0]) == len(batch[1]) == 20 + len(replaced) and added.added == len(replaced)
+    assert len(batch[0]) == len(batch[1]) == 20 + len(replaced) and added.appended == len(replaced)
     assert (batch[0][replaced] == 0.5).all()  # the failures stay in the batch
     # and the originals they replaced follow, as the noise left them, with their own labels
     assert torch.equal(batch[0][20:], noised[replaced]) and torch.equal(batch[1][20:], labels[replaced])
@@ -74,27 +76,13 @@ def test_the_goal_s_judge_measures_the_goal_s_figures_only(
     assert scores["clean"] == pytest.approx(float((model(x).argmax(1) == y).float().mean()))
 
 
-def test_a_row_changed_in_its_input_alone_or_its_label_alone_is_anchored_and_no_other() -> None:
-    keep = anchor.Keep(first_refined=0)
-    added = anchor.Anchor(keep)
-    batch = [torch.rand(6, 3, 4, 4), torch.arange(6)]
-    keep.on_train_batch_start(SimpleNamespace(current_epoch=0), None, batch, 0)
-    original = [part.clone() for part in batch]
-    batch[0][2] = batch[0][2].flip(-1)  # a guide's row: the input changed, the label kept
-    batch[1][4] = 0  # a replayed failure whose input is the original's: the label alone changed
-    added.on_train_batch_start(None, None, batch, 0)
-    assert len(batch[0]) == len(batch[1]) == 8 and added.added == 2
-    assert torch.equal(batch[0][6:], original[0][[2, 4]]) and torch.equal(batch[1][6:], original[1][[2, 4]])
-
-
 def test_the_random_control_appends_as_many_originals_of_rows_drawn_at_random_without_the_global_rng() -> None:
-    keep = anchor.Keep(first_refined=0)
-    control = anchor.Anchor(keep, draw="random", seed=3)
+    control = anchor.RandomOriginals(seed=3)
     drawn = torch.zeros(40, dtype=torch.bool)
     drawn[torch.randperm(40, generator=torch.Generator().manual_seed(3))[:5]] = True
     rows = drawn.nonzero().flatten().tolist()  # the seeded generator's draw, in row order
     batch = [torch.rand(40, 3, 4, 4), torch.arange(40)]
-    keep.on_train_batch_start(SimpleNamespace(current_epoch=0), None, batch, 0)
+    control.keeper.on_train_batch_start(None, None, batch, 0)
     original = [part.clone() for part in batch]
     changed = [rows[0], *[row for row in range(40) if row not in rows][:4]]  # one of the drawn rows among them
     batch[0][changed] = 0.0  # five rows the loops changed, inputs and labels
@@ -102,11 +90,11 @@ def test_the_random_control_appends_as_many_originals_of_rows_drawn_at_random_wi
     state = torch.get_rng_state()
     control.on_train_batch_start(None, None, batch, 0)
     assert torch.equal(torch.get_rng_state(), state)  # the loops' draws stay the unanchored run's
-    assert len(batch[0]) == len(batch[1]) == 45 and control.added == 5
+    assert len(batch[0]) == len(batch[1]) == 45 and control.appended == 5
     # the originals of the drawn rows, as kept before the loops (the changed one too), with their own labels
     assert torch.equal(batch[0][40:], original[0][rows]) and torch.equal(batch[1][40:], original[1][rows])
     with pytest.raises(ValueError, match="draw"):
-        anchor.Anchor(keep, draw="every")
+        anchor.anchored(SimpleNamespace(callbacks=[]), draw="every")
 
 
 def test_the_script_takes_its_own_flag_and_labels_the_records(
@@ -138,6 +126,6 @@ def test_the_script_takes_its_own_flag_and_labels_the_records(
     monkeypatch.setattr(sys, "argv", ["anchor.py", "--anchor-draw", "random"])
     anchor.main()
     ((last, record, plain),) = seen
-    assert isinstance(last, anchor.Anchor) and last.draw == "random"
+    assert isinstance(last, anchor.RandomOriginals)
     assert record == {"options": {"guide": 1, "anchor": "random"}, "anchored": 0}
     assert plain == {"options": {"guide": 1}}  # plain changes no row: not anchored, not labelled
