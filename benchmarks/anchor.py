@@ -40,7 +40,8 @@ class RandomOriginals(KeepOriginals):
     """The control of :class:`~dlguard.callbacks.KeepOriginals`' larger batch.
 
     As many originals as the loops changed rows, of rows drawn uniformly from the batch without replacement
-    (``seed`` seeds a generator of the callback's own), whether the loops changed them or not.
+    (``seed`` seeds a generator of the callback's own), whether the loops changed them or not. A harness for one
+    process: the generator is not checkpointed, and under DDP every process would draw alike.
     """
 
     def __init__(self, seed: int = 0) -> None:

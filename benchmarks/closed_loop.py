@@ -973,12 +973,13 @@ def summarise(results: dict[str, list[dict]]) -> list[str]:
 def _fit_time(runs: list[dict], plain: list[dict] | None) -> str:
     """An arm's mean fit time over plain's, or its seconds where no plain arm ran.
 
-    ``"1.4x CPU"`` by the CPU time the fits spent where every run of both records it (what else ran on the machine
-    leaves that be), else ``"2.2x"`` by wall time.
+    ``"1.4x CPU"`` by the CPU time the fits spent where every run of both records it and ran on the CPU (what else
+    ran on the machine moves that far less than the wall time; on a GPU it is the host's share alone), else
+    ``"2.2x"`` by wall time.
     """
     if not plain:
         return f"{mean(r['seconds'] for r in runs):.1f} s"
-    if all("cpu_seconds" in run for run in [*runs, *plain]):
+    if all("cpu_seconds" in run and run.get("accelerator") == "cpu" for run in [*runs, *plain]):
         return f"{mean(r['cpu_seconds'] for r in runs) / mean(r['cpu_seconds'] for r in plain):.1f}x CPU"
     return f"{mean(r['seconds'] for r in runs) / mean(r['seconds'] for r in plain):.1f}x"
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, Checkpoint
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
@@ -17,7 +17,7 @@ from dlguard.data.batch import BatchAccessor, describe_batch
 __all__ = ["KeepOriginals"]
 
 
-def changes_batches(callback: Callback) -> bool:
+def _changes_batches(callback: Callback) -> bool:
     """Whether ``callback`` changes training batches in place: a :class:`FailureReplay`, or one with a guide."""
     return isinstance(callback, FailureReplay) or getattr(callback, "guide", None) is not None
 
@@ -29,7 +29,9 @@ class _Keeper(Callback):
         self.accessor = accessor
         self.kept: tuple[Tensor, Tensor] | None = None
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         if not isinstance(batch, list | MutableMapping):  # before any loop changed a row
             raise ValueError(
                 f"batch: KeepOriginals appends rows to the training batch, so it must be a list or a dict, got "
@@ -49,21 +51,24 @@ class KeepOriginals(Callback):
     augmentation (Hoffer et al., "Augment your batch", arXiv 1901.09335). With this callback every
     loader row is trained on once an epoch as the loader (and its transforms) gave it, and the loops'
     rows come on top: a batch of ``B`` rows grows by the rows the loops changed, and the loops draw as
-    they would without it. In the benchmark's all-loops run on the RGB scenes this gave clean
-    accuracy back (−0.27 points against plain instead of about −1) and raised corruption accuracy
-    (``benchmarks/anchor.py``).
+    they would without it (``benchmarks/anchor.py`` measures it: README, "Against the goal").
 
     In ``setup`` of a fit the callback puts a keeper of its own before the first of the trainer's
     callbacks that changes batches (a :class:`FailureReplay`, or a callback with a ``guide``) and
-    moves itself last, so the keeper copies the rows as the loader gave them and this callback
-    compares them with what the loops made. Rows whose inputs or target differ are appended, their
-    originals from the copy; every other field of a list or dict batch whose first dimension is the
-    batch's (a mask, a list of ids) is extended by the same rows, so the batch stays one batch. The
-    callbacks' order is put back when the fit ends or fails; ``validate`` and ``test`` leave it be.
-    The count of changed rows is read on the host once a batch (the batch's length depends on it).
+    moves itself last (before the checkpoints, which Lightning keeps last), so the keeper copies the
+    rows as the loader gave them and this callback compares them with what the loops made. Rows whose
+    inputs or target differ are appended, their originals from the copy (a NaN kept is no change);
+    every other tensor or list field of a list or dict batch whose length is the batch's (a mask, a
+    list of ids) is extended by the same rows, so the batch stays one batch; tuples and nested dicts
+    are not. A callback of the user's that changes rows and is listed after the first loop (a mixup)
+    counts as one of the loops; list it first to have its rows kept as originals. The callbacks'
+    order is put back when the fit ends or fails; ``validate`` and ``test`` leave it be. Every
+    training batch is copied and compared, also while the loops change nothing yet, and the count
+    of changed rows is read on the host once a batch (the batch's length depends on it).
 
     Logged at the end of every training epoch (summed over processes): ``originals/rows``, the
-    originals appended this epoch. Under DDP each process appends to its own batches.
+    originals appended this epoch. Under DDP each process appends to its own batches (under
+    ``ddp_spawn`` the main process's ``appended`` stays 0; the log sums them).
 
     Args:
         batch_keys: ``(inputs key, target key)`` of a list or dict batch (a callable cannot grow a batch).
@@ -105,7 +110,7 @@ class KeepOriginals(Callback):
         self._put_back(trainer)  # a fit that did not end (an interrupted run) left them placed
         self._epoch = None
         callbacks = trainer.callbacks
-        changers = [at for at, callback in enumerate(callbacks) if callback is not self and changes_batches(callback)]
+        changers = [at for at, callback in enumerate(callbacks) if callback is not self and _changes_batches(callback)]
         if not changers:
             rank_zero_warn(
                 "KeepOriginals: no callback changes the training batches (a FailureReplay or a callback with a "
@@ -113,9 +118,12 @@ class KeepOriginals(Callback):
             )
             return
         self._given = list(callbacks)
-        placed = [*callbacks[: changers[0]], self.keeper, *callbacks[changers[0] :]]
+        placed = [c for c in [*callbacks[: changers[0]], self.keeper, *callbacks[changers[0] :]] if c is not self]
+        # last but for the checkpoints (Lightning's order), so a ModelCheckpoint can monitor originals/rows
+        last = max(i for i, c in enumerate(placed) if _changes_batches(c))
+        at = next((i for i, c in enumerate(placed) if i > last and isinstance(c, Checkpoint)), len(placed))
         # a new list, as Lightning's tuner binds one: the hook being called goes on over the old
-        trainer.callbacks = [c for c in placed if c is not self] + [self]
+        trainer.callbacks = [*placed[:at], self, *placed[at:]]
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit":
@@ -134,7 +142,9 @@ class KeepOriginals(Callback):
 
     # ---- appending the originals ------------------------------------------------------------
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._start_epoch(trainer)
         if self.keeper.kept is None:
             return
@@ -143,36 +153,41 @@ class KeepOriginals(Callback):
         inputs, target = self.accessor.read(batch)
         if len(inputs) != len(kept_inputs):
             raise ValueError(
-                f"batch: a callback between the loops and KeepOriginals changed the batch's length from "
-                f"{len(kept_inputs)} to {len(inputs)} rows; put KeepOriginals' keeper before it"
+                f"batch: a callback after the first loop changed the batch's length from {len(kept_inputs)} to "
+                f"{len(inputs)} rows; list that callback before the first FailureReplay or guided callback"
             )
         rows = self.rows(self.changed(inputs, target, kept_inputs, kept_target))
         if not len(rows):
             return
         with torch.no_grad():
-            self._append(batch, rows, len(inputs), kept_inputs[rows], kept_target[rows])
+            self._append(batch, rows, (inputs, target), (kept_inputs[rows], kept_target[rows]))
         self.appended += len(rows)
         self._epoch_rows += len(rows)
 
     @staticmethod
     def changed(inputs: Tensor, target: Tensor, kept_inputs: Tensor, kept_target: Tensor) -> Tensor:
-        """``(B,)``: whether each row's inputs or target differ from the kept original's."""
-        differ = (inputs != kept_inputs).reshape(len(inputs), -1).any(1)
-        return differ | (target != kept_target).reshape(len(target), -1).any(1)
+        """``(B,)``: whether each row's inputs or target differ from the kept original's (a NaN kept is no change)."""
+
+        def differ(now: Tensor, then: Tensor) -> Tensor:
+            same = now == then
+            if now.is_floating_point():
+                same |= now.isnan() & then.isnan()
+            return ~same.reshape(len(now), -1).all(1)
+
+        return differ(inputs, kept_inputs) | differ(target, kept_target)
 
     def rows(self, changed: Tensor) -> Tensor:
         """The rows whose originals go in: the changed ones (one host sync: the batch's new length)."""
         return changed.nonzero().squeeze(1)
 
-    def _append(self, batch: Any, rows: Tensor, size: int, kept_inputs: Tensor, kept_target: Tensor) -> None:
-        keys = list(batch) if isinstance(batch, Mapping) else range(len(batch))
-        inputs_key, target_key = self.batch_keys
-        for key in keys:
+    @staticmethod
+    def _append(batch: Any, rows: Tensor, read: tuple[Tensor, Tensor], originals: tuple[Tensor, Tensor]) -> None:
+        """Grows every field of the batch's length by ``rows``: the inputs and target (``read``) by ``originals``."""
+        size = len(read[0])
+        for key in list(batch) if isinstance(batch, Mapping) else range(len(batch)):
             field = batch[key]
-            if key == inputs_key:
-                batch[key] = torch.cat([field, kept_inputs.to(field.dtype)])
-            elif key == target_key:
-                batch[key] = torch.cat([field, kept_target.to(field.dtype)])
+            if field is read[0] or field is read[1]:  # found by identity: any key form the accessor reads
+                batch[key] = torch.cat([field, originals[0] if field is read[0] else originals[1]])
             elif isinstance(field, Tensor) and field.ndim and len(field) == size:
                 batch[key] = torch.cat([field, field[rows.to(field.device)]])
             elif isinstance(field, list) and len(field) == size:

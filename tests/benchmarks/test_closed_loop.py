@@ -600,9 +600,12 @@ def test_the_tables_of_a_file_still_being_written_show_the_arms_that_ran() -> No
     assert [line.split(" | ")[0] for line in lines[2:]] == ["| plain", "| robustness"]
     assert lines[3].endswith("| 1.5x |") and "0.250 ± 0.000" in lines[3]
     assert len(lines) == 4  # one thread count (or none recorded): no word on the fit times
-    timed = {"plain": [{**run, "cpu_seconds": 1.0}], "noise": [{**run, "seconds": 8.0, "cpu_seconds": 1.5}]}
+    cpu = {**run, "accelerator": "cpu"}
+    timed = {"plain": [{**cpu, "cpu_seconds": 1.0}], "noise": [{**cpu, "seconds": 8.0, "cpu_seconds": 1.5}]}
     assert cl.summarise(timed)[3].endswith("| 1.5x CPU |")  # by the CPU time both spent, not the wall's 4.0x
-    timed["noise"].append({**run, "seconds": 6.0, "seed": 1})  # a run before CPU times were recorded
+    on_gpu = {arm: [{**r, "accelerator": "gpu"} for r in runs] for arm, runs in timed.items()}
+    assert cl.summarise(on_gpu)[3].endswith("| 4.0x |")  # a GPU fit's CPU time is the host's share alone
+    timed["noise"].append({**cpu, "seconds": 6.0, "seed": 1})  # a run before CPU times were recorded
     assert cl.summarise(timed)[3].endswith("| 3.5x |")  # the wall's, for every run alike
     two = {arm: [{**run, "threads": n, "accelerator": "cpu"}] for arm, n in (("plain", 2), ("noise", 1))}
     assert cl.summarise(two)[-1] == (

@@ -90,6 +90,17 @@ def test_a_row_changed_in_its_input_alone_or_its_label_alone_is_appended_and_no_
     assert len(batch[0]) == 8
 
 
+def test_negative_keys_and_a_nan_kept_as_it_was() -> None:
+    keep = KeepOriginals(batch_keys=(-2, -1))
+    batch = [torch.rand(5, 2), torch.arange(5)]
+    batch[0][1, 0] = float("nan")  # a NaN the loops leave be is no change
+    keep.keeper.on_train_batch_start(None, None, batch, 0)
+    original = [part.clone() for part in batch]
+    batch[0][3] += 1.0
+    keep.on_train_batch_start(None, None, batch, 0)
+    assert keep.appended == 1 and torch.equal(batch[0][5:], original[0][[3]]) and batch[1][5:].tolist() == [3]
+
+
 def test_the_keeper_goes_before_the_first_callback_that_changes_batches_and_keep_originals_last() -> None:
     class Watch(L.Callback):  # a user's own callback that changes nothing
         pass
@@ -113,6 +124,24 @@ def test_the_keeper_goes_before_the_first_callback_that_changes_batches_and_keep
     trainer = L.Trainer(callbacks=[guided, keep], logger=False, enable_checkpointing=False, enable_progress_bar=False)
     keep.setup(trainer, None, "fit")
     assert trainer.callbacks[:2] == [keep.keeper, guided]
+
+
+def test_a_second_fit_places_the_keeper_once_and_checkpoints_stay_last(tmp_path: Path) -> None:
+    replay, keep = FailureReplay(bank_of([150, 151]), fraction=0.25, repeats=None), KeepOriginals()
+    saving = L.pytorch.callbacks.ModelCheckpoint(tmp_path / "ckpt", monitor="originals/rows", mode="max")
+    trainer = quick_trainer(tmp_path, [keep, replay, saving], epochs=1, train_batches=2, val_batches=0)
+    given = list(trainer.callbacks)
+    keep.setup(trainer, None, "fit")
+    assert trainer.callbacks.index(keep) == trainer.callbacks.index(saving) - 1  # before the checkpoint
+    keep.teardown(trainer, None, "fit")
+    for epochs in (1, 2):  # the same trainer fits on: one keeper, the order put back each time
+        trainer.fit_loop.max_epochs = epochs
+        model = Recording()
+        trainer.fit(model, loader(rows=16))
+        assert [len(batch[1]) for batch in model.batches] == [10, 10] and trainer.callbacks == given
+    assert saving.best_model_score == 4.0  # it monitored originals/rows: 2 batches x 2 originals
+    with pytest.raises(RuntimeError, match="more than one stateful callback of type `KeepOriginals`"):
+        quick_trainer(tmp_path / "twice", [KeepOriginals(), replay, KeepOriginals()])  # Lightning's own refusal
 
 
 def test_without_a_loop_that_changes_batches_it_warns_and_leaves_the_batches_be(tmp_path: Path) -> None:
