@@ -60,9 +60,9 @@ class KeepOriginals(Callback):
     inputs or target differ are appended, their originals from the copy (a NaN kept is no change);
     every other tensor or list field of a list or dict batch whose length is the batch's (a mask, a
     list of ids) is extended by the same rows, so the batch stays one batch; tuples and nested dicts
-    are not. A callback of the user's that changes rows and is listed after the first loop (a mixup)
-    counts as one of the loops; list it first to have its rows kept as originals. The callbacks'
-    order is put back when the fit ends or fails; ``validate`` and ``test`` leave it be. Every
+    are not (a warning names them). A callback of the user's that changes rows and is listed after
+    the first loop (a mixup) counts as one of the loops; list it first to have its rows kept as
+    originals. The callbacks' order is put back when the fit ends or fails; ``validate`` and ``test`` leave it be. Every
     training batch is copied and compared, also while the loops change nothing yet, and the count
     of changed rows is read on the host once a batch (the batch's length depends on it).
 
@@ -70,8 +70,17 @@ class KeepOriginals(Callback):
     originals appended this epoch. Under DDP each process appends to its own batches (under
     ``ddp_spawn`` the main process's ``appended`` stays 0; the log sums them).
 
+    The training step gets the larger batch, so its cost grows with the rows appended
+    (``benchmarks/keep_originals.py``: the copy and comparison cost a millisecond or two a batch, the
+    step on ``B + n`` rows about ``(B + n) / B`` times the step on ``B``), and ``self.log`` in the
+    step infers the larger batch size unless it is given ``batch_size``.
+
     Args:
         batch_keys: ``(inputs key, target key)`` of a list or dict batch (a callable cannot grow a batch).
+
+    Attributes:
+        appended: the originals appended in this process since the callback was made, over every fit (a
+            resumed run counts on from its checkpoint's).
 
     Example:
         >>> import torch
@@ -95,12 +104,13 @@ class KeepOriginals(Callback):
                 "list or dict batch, not a callable"
             )
         self.batch_keys = batch_keys
-        self.accessor = BatchAccessor(batch_keys)
+        self.accessor = BatchAccessor(batch_keys, allow_callable=False)
         self.keeper = _Keeper(self.accessor)
         self.appended = 0
         self._epoch: int | None = None
         self._epoch_rows = 0
         self._given: list[Callback] | None = None  # the trainer's callbacks as given, while a fit runs
+        self._not_grown: set[Any] = set()  # the tuple and dict fields a warning named, in this fit
 
     # ---- placing the keeper -----------------------------------------------------------------
 
@@ -108,7 +118,7 @@ class KeepOriginals(Callback):
         if stage != "fit":
             return
         self._put_back(trainer)  # a fit that did not end (an interrupted run) left them placed
-        self._epoch = None
+        self._epoch, self._not_grown = None, set()
         callbacks = trainer.callbacks
         changers = [at for at, callback in enumerate(callbacks) if callback is not self and _changes_batches(callback)]
         if not changers:
@@ -180,9 +190,11 @@ class KeepOriginals(Callback):
         """The rows whose originals go in: the changed ones (one host sync: the batch's new length)."""
         return changed.nonzero().squeeze(1)
 
-    @staticmethod
-    def _append(batch: Any, rows: Tensor, read: tuple[Tensor, Tensor], originals: tuple[Tensor, Tensor]) -> None:
-        """Grows every field of the batch's length by ``rows``: the inputs and target (``read``) by ``originals``."""
+    def _append(self, batch: Any, rows: Tensor, read: tuple[Tensor, Tensor], originals: tuple[Tensor, Tensor]) -> None:
+        """Grows every field of the batch's length by ``rows``: the inputs and target (``read``) by ``originals``.
+
+        A tuple or dict field is not grown; the first time one is met in a fit, a warning names it.
+        """
         size = len(read[0])
         for key in list(batch) if isinstance(batch, Mapping) else range(len(batch)):
             field = batch[key]
@@ -192,6 +204,13 @@ class KeepOriginals(Callback):
                 batch[key] = torch.cat([field, field[rows.to(field.device)]])
             elif isinstance(field, list) and len(field) == size:
                 batch[key] = field + [field[at] for at in rows.tolist()]
+            elif isinstance(field, tuple | Mapping) and key not in self._not_grown:
+                self._not_grown.add(key)
+                rank_zero_warn(
+                    f"KeepOriginals: the batch's field {key!r} is a {type(field).__name__}, which it does not "
+                    f"extend by the {len(rows)} appended rows; make it a tensor or a list of the batch's length "
+                    "(one field per entry of a nested dict) to have it grow with the batch"
+                )
 
     # ---- the epoch's count, and the checkpoint ----------------------------------------------
 

@@ -13,10 +13,8 @@ BatchKeys = tuple[Hashable, Hashable] | Callable[[Any], tuple[Tensor, Tensor]]
 """``(inputs key, target key)`` -- positions of a tuple/list batch or keys of a dict batch -- or a
 callable ``batch -> (inputs, target)`` that returns the batch's own tensors (not copies)."""
 
-_HINT = (
-    "set batch_keys=(inputs key, target key), e.g. (0, 1) or ('image', 'label'), "
-    "or a callable batch -> (inputs, target)"
-)
+_KEYS_HINT = "set batch_keys=(inputs key, target key), e.g. (0, 1) or ('image', 'label')"
+_HINT = f"{_KEYS_HINT}, or a callable batch -> (inputs, target)"
 
 
 def describe_batch(batch: Any) -> str:
@@ -41,6 +39,7 @@ class BatchAccessor:
 
     Args:
         keys: ``(inputs key, target key)`` or a callable ``batch -> (inputs, target)``.
+        allow_callable: whether a callable is offered in the errors' hint (a reader that needs keys says not).
 
     Example:
         >>> import torch
@@ -57,7 +56,10 @@ class BatchAccessor:
 set batch_keys=(inputs key, target key), e.g. (0, 1) or ('image', 'label'), or a callable batch -> (inputs, target)
     """
 
-    def __init__(self, keys: BatchKeys = (0, 1)) -> None:
+    def __init__(self, keys: BatchKeys = (0, 1), allow_callable: bool = True) -> None:
+        if callable(keys) and not allow_callable:
+            raise ValueError(f"batch_keys: expected (inputs key, target key), got a callable {keys!r}")
+        self.hint = _HINT if allow_callable else _KEYS_HINT
         if callable(keys):
             self._read: Callable[[Any], tuple[Tensor, Tensor]] | None = keys
             self.keys: tuple[Hashable, Hashable] | None = None
@@ -72,7 +74,7 @@ set batch_keys=(inputs key, target key), e.g. (0, 1) or ('image', 'label'), or a
             return batch[key]
         except (KeyError, IndexError, TypeError):
             raise ValueError(
-                f"batch_keys: cannot read the {what} at key {key!r} from {describe_batch(batch)}; {_HINT}"
+                f"batch_keys: cannot read the {what} at key {key!r} from {describe_batch(batch)}; {self.hint}"
             ) from None
 
     def read(self, batch: Any) -> tuple[Tensor, Tensor]:
@@ -108,22 +110,21 @@ set batch_keys=(inputs key, target key), e.g. (0, 1) or ('image', 'label'), or a
             inputs = self.read(batch)[0]
         if not isinstance(inputs, Tensor) or inputs.ndim < 1:
             raise ValueError(
-                f"batch_keys: expected the inputs to be a tensor (B, ...), got {type(inputs).__name__}; {_HINT}"
+                f"batch_keys: expected the inputs to be a tensor (B, ...), got {type(inputs).__name__}; {self.hint}"
             )
         return inputs
 
-    @staticmethod
-    def _check(inputs: Any, target: Any, batch: Any) -> None:
+    def _check(self, inputs: Any, target: Any, batch: Any) -> None:
         if not isinstance(inputs, Tensor) or inputs.ndim < 1:
             raise ValueError(
                 f"batch_keys: expected the inputs to be a tensor (B, ...), got {type(inputs).__name__} from "
-                f"{describe_batch(batch)}; {_HINT}"
+                f"{describe_batch(batch)}; {self.hint}"
             )
         if not isinstance(target, Tensor) or target.ndim < 1 or target.shape[0] != inputs.shape[0]:
             shape = tuple(target.shape) if isinstance(target, Tensor) else type(target).__name__
             raise ValueError(
                 f"batch_keys: expected the target to be a tensor with the inputs' batch size {inputs.shape[0]}, got "
-                f"{shape} from {describe_batch(batch)}; {_HINT}"
+                f"{shape} from {describe_batch(batch)}; {self.hint}"
             )
 
     def _check_writable(self, batch: Any, inputs: Tensor, target: Tensor) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -170,6 +172,25 @@ def test_dict_batches_extend_their_other_fields_by_the_same_rows(tmp_path: Path)
         own = batch["label"][8:]  # the originals' other fields are theirs, the replaced rows' keep the loader's
         assert torch.equal(batch["mask"][8:], own.reshape(-1, 1, 1).expand(-1, 2, 2))
         assert batch["name"][8:] == [f"row{int(i)}" for i in own] and len(batch["name"]) == 12
+
+
+def test_tuple_and_dict_fields_are_named_once_a_fit_and_keys_are_the_only_hint() -> None:
+    keep = KeepOriginals(batch_keys=("image", "label"))
+    images, labels = torch.rand(4, 1, 2, 2), torch.arange(4)
+    batch = {"image": images, "label": labels, "pair": (labels, labels), "cfg": {"w": labels}}
+    for step in range(2):
+        keep.keeper.on_train_batch_start(None, None, batch, step)
+        batch["image"][0] += 1.0
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            keep.on_train_batch_start(None, None, batch, step)
+        found = (re.search(r"field '(\w+)' is a \w+, which it does not", str(w.message)) for w in caught)
+        named = sorted(match[1] for match in found if match)
+        assert named == (["cfg", "pair"] if step == 0 else [])  # once each, then quiet
+        assert len(batch["image"]) == 5 + step and len(batch["pair"][0]) == 4  # the tuple left as it was
+    with pytest.raises(ValueError, match="at key 0 from a dict batch") as error:
+        KeepOriginals().keeper.on_train_batch_start(None, None, batch, 0)  # forgot batch_keys
+    assert "callable" not in str(error.value)  # KeepOriginals refuses one, so the hint offers none
 
 
 def test_one_dimensional_signals(tmp_path: Path) -> None:

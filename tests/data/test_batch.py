@@ -165,3 +165,15 @@ def test_reading_a_bare_tensor_batch_is_refused() -> None:
     images, _ = make()  # (6, 1, 3, 3): batch[0] and batch[1] have equal shapes, so the checks pass
     with pytest.raises(ValueError, match="batch_keys"):
         BatchAccessor().read(images)
+
+
+def test_a_reader_that_needs_keys_refuses_a_callable_and_offers_none_in_its_hints() -> None:
+    images, labels = make()
+    with pytest.raises(ValueError, match="batch_keys: expected \\(inputs key, target key\\), got a callable"):
+        BatchAccessor(lambda b: (b[0], b[1]), allow_callable=False)
+    batch = {"image": images, "label": labels}
+    with pytest.raises(ValueError, match="at key 0 from a dict batch") as keys_only:
+        BatchAccessor(allow_callable=False).read(batch)
+    assert "callable" not in str(keys_only.value) and "('image', 'label')" in str(keys_only.value)
+    with pytest.raises(ValueError, match="or a callable batch -> \\(inputs, target\\)"):
+        BatchAccessor().read(batch)  # the general reader offers both
