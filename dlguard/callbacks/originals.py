@@ -62,9 +62,9 @@ class KeepOriginals(Callback):
     list of ids) is extended by the same rows, so the batch stays one batch; tuples and nested dicts
     are not (a warning names them). A callback of the user's that changes rows and is listed after
     the first loop (a mixup) counts as one of the loops; list it first to have its rows kept as
-    originals. The callbacks' order is put back when the fit ends or fails; ``validate`` and ``test`` leave it be. Every
-    training batch is copied and compared, also while the loops change nothing yet, and the count
-    of changed rows is read on the host once a batch (the batch's length depends on it).
+    originals. The callbacks' order is put back when the fit ends or fails; ``validate`` and
+    ``test`` leave it be. Every training batch is copied and compared, also while the loops change
+    nothing yet, and the count of changed rows is read on the host once a batch (the batch's length depends on it).
 
     Logged at the end of every training epoch (summed over processes): ``originals/rows``, the
     originals appended this epoch. Under DDP each process appends to its own batches (under
