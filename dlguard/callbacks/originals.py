@@ -64,7 +64,8 @@ class KeepOriginals(Callback):
     the first loop (a mixup) counts as one of the loops; list it first to have its rows kept as
     originals. The callbacks' order is put back when the fit ends or fails; ``validate`` and
     ``test`` leave it be. Every training batch is copied and compared, also while the loops change
-    nothing yet, and the count of changed rows is read on the host once a batch (the batch's length depends on it).
+    nothing yet, and the count of changed rows is read on the host once a batch (the batch's length
+    depends on it).
 
     Logged at the end of every training epoch (summed over processes): ``originals/rows``, the
     originals appended this epoch. Under DDP each process appends to its own batches (under
