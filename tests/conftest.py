@@ -8,6 +8,21 @@ import pytest
 import torch
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``-n N``) each worker takes its share of torch's threads, as do the processes it starts.
+
+    N workers at torch's default (a thread per core) would run N times as many threads as there are cores, and
+    torch's threads wait for each other by spinning; so each worker runs ``threads // N`` (at least one) and sets
+    ``OMP_NUM_THREADS`` to that for the interpreters it starts: the README's blocks, the recipes, the two gloo
+    processes of a ``ddp`` test. Without xdist nothing changes.
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        threads = max(1, torch.get_num_threads() // workers)
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", help="also run tests marked slow")
 
