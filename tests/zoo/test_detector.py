@@ -94,7 +94,9 @@ def test_detections_match_ground_truth_on_held_out_scenes(held_out, detector) ->
 
 def test_planted_defects_detect_far_worse(held_out, detector) -> None:
     images, targets = held_out
-    untrained = ProposalDetector(scene_digits(), score_threshold=0.0)  # random weights, every guess kept
+    with torch.random.fork_rng():  # random weights of their own: not whatever the tests before left in the RNG
+        torch.manual_seed(0)
+        untrained = ProposalDetector(scene_digits(), score_threshold=0.0)  # every guess kept
     swapped = scene_digits()
     swapped.load_state_dict(detector.classifier.state_dict())
     with torch.no_grad():  # digit d's output now reads d + 1: the boxes stay, the labels go wrong
@@ -104,7 +106,7 @@ def test_planted_defects_detect_far_worse(held_out, detector) -> None:
         hits, found, objects = _matches(ProposalDetector(swapped)(images), targets)
         assert hits / objects < 0.05 and found > 0.9 * objects  # the digits are found, with the wrong labels
         hits, found, objects = _matches(untrained(images), targets)
-        assert hits / objects < 0.2 and found > 0.5 * objects  # measured 34 of 407 objects, 523 detections
+        assert hits / objects < 0.2 and found > 0.5 * objects  # seed 0: 32 hits, 544 found (0-7: 15-42, 505-625)
 
 
 def test_background_only_scenes_give_no_detections(detector) -> None:
