@@ -1,9 +1,11 @@
-"""Test configuration: markers for slow, GPU and multi-process tests; W&B kept offline."""
+"""Test configuration: markers for slow, GPU and multi-process tests; W&B kept offline; one random start."""
 
 from __future__ import annotations
 
 import os
+import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -49,3 +51,17 @@ def _wandb_offline(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path_factory.mktemp("wandb")))
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
+@pytest.fixture(autouse=True)
+def _same_random_start() -> None:
+    """Each test starts from the same global random state (torch, NumPy, ``random``), seed 0.
+
+    Under pytest-xdist a test runs after whichever files its worker took before it, so a test that draws
+    from a global generator without seeding it would otherwise see a different state run by run: the
+    planted-defects detector test once built an untrained detector that found 45 of 407 objects there,
+    where twenty seeds find 505 to 625.
+    """
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)

@@ -3,8 +3,10 @@ seeded from it that leaves the global RNG as it was, also when it raises."""
 
 from __future__ import annotations
 
+import random
 from contextlib import nullcontext
 
+import numpy as np
 import pytest
 import torch
 
@@ -98,3 +100,11 @@ def test_on_cuda_the_device_generator_is_seeded_from_the_generator_and_restored(
     assert torch.equal(after, untouched)
     assert torch.equal(draws(0)[0], inside) and not torch.equal(draws(1)[0], inside)
     assert torch.equal(draws(0, fail=True)[1], untouched)
+
+
+def test_every_test_starts_from_seed_0_whatever_ran_before_it() -> None:
+    """``tests/conftest.py`` seeds the global generators before each test; torch's own default seed is not 0."""
+    assert torch.equal(torch.random.get_rng_state(), torch.Generator().manual_seed(0).get_state())
+    assert np.array_equal(np.random.get_state()[1], np.random.RandomState(0).get_state()[1])
+    assert random.getstate() == random.Random(0).getstate()
+    torch.rand(5), np.random.rand(5), random.random()  # what the next test must not see
