@@ -1223,9 +1223,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.results:
         results = merge([json.loads(path.read_text()) for path in args.results])
-        if args.out:
+        tables = [*summarise(results), "", *paired(results, [tuple(pair) for pair in args.pair])]  # checks --pair
+        if args.out:  # only once every --pair names an arm: a mistyped one leaves the file as it was
             args.out.write_text(json.dumps(results, indent=1))
-        print("\n".join([*summarise(results), "", *paired(results, [tuple(pair) for pair in args.pair])]))
+        print("\n".join(tables))
         return
     COMBINED[:] = args.combine
     SPREAD[:] = [args.spread]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -592,6 +593,25 @@ def test_files_of_other_runs_merge_with_their_dlguard_arms_apart_and_pair_on_req
     assert "| dlguard (metamorphic+hda) on noise − noise | mCA | +0.030 ± nan | 1 of 1 |" in rows
     with pytest.raises(SystemExit, match="--pair: no arm 'dlguard on noise' in the results"):
         cl.paired(merged, [("dlguard on noise", "noise")])
+
+
+def test_a_merge_with_a_mistyped_pair_leaves_its_out_file_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--results A B --out B --pair X Y``: ``--pair`` is checked before ``B`` is written over."""
+    old = {"plain": [{"seed": 0, "seconds": 1.0, "clean": 0.90, "mCA": 0.80, "pgd": 0.50}]}
+    new = {"augmix": [{"seed": 0, "seconds": 2.0, "clean": 0.91, "mCA": 0.84, "pgd": 0.52}]}
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    out = tmp_path / "old.json"
+    out.write_text(json.dumps(old))
+    merge = ["closed_loop.py", "--results", str(tmp_path / "new.json"), str(out), "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", [*merge, "--pair", "augmix", "plian"])
+    with pytest.raises(SystemExit, match="--pair: no arm 'plian'"):
+        cl.main()
+    assert json.loads(out.read_text()) == old
+    monkeypatch.setattr(sys, "argv", [*merge, "--pair", "augmix", "plain"])
+    cl.main()
+    assert json.loads(out.read_text()) == {**old, **new}
 
 
 def test_the_tables_of_a_file_still_being_written_show_the_arms_that_ran() -> None:
