@@ -53,14 +53,15 @@ def _wandb_offline(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
 
 
-@pytest.fixture(autouse=True)
-def _same_random_start() -> None:
-    """Each test starts from the same global random state (torch, NumPy, ``random``), seed 0.
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Each test's setup, the fixtures it builds included, starts from one global random state: seed 0.
 
-    Under pytest-xdist a test runs after whichever files its worker took before it, so a test that draws
-    from a global generator without seeding it would otherwise see a different state run by run: the
-    planted-defects detector test once built an untrained detector that found 45 of 407 objects there,
-    where twenty seeds find 505 to 625.
+    Under pytest-xdist a test runs after whichever files its worker took before it, so a test (or a module
+    fixture) drawing from a global generator without seeding it would otherwise see a different state run by
+    run: the planted-defects detector test once built an untrained detector that found 45 of 407 objects
+    there, where twenty seeds find 505 to 625. Seeding here, before pytest sets up the fixtures, reaches the
+    module- and session-scoped fixtures a test builds too, which an autouse function fixture would not.
     """
     random.seed(0)
     np.random.seed(0)

@@ -103,7 +103,7 @@ def test_on_cuda_the_device_generator_is_seeded_from_the_generator_and_restored(
 
 
 def test_every_test_starts_from_seed_0_whatever_ran_before_it() -> None:
-    """``tests/conftest.py`` seeds the global generators before each test; torch's own default seed is not 0."""
+    """``tests/conftest.py`` seeds the global generators before each test's setup; torch's default seed is not 0."""
     assert torch.equal(torch.random.get_rng_state(), torch.Generator().manual_seed(0).get_state())
     assert np.array_equal(np.random.get_state()[1], np.random.RandomState(0).get_state()[1])
     assert random.getstate() == random.Random(0).getstate()
