@@ -1,13 +1,13 @@
-"""README's callbacks for the anchored run are the benchmark's anchored arm, argument for argument."""
+"""README's callbacks for the anchored run are the benchmark's anchored arm, setting for setting."""
 
 from __future__ import annotations
 
 import inspect
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import pytest
 import torch
 
@@ -16,32 +16,37 @@ import anchor
 import closed_loop as cl  # scripts beside the package, not part of it
 
 from dlguard.data import FailureBank
+from tests.test_readme import BLOCKS
 
-README = (Path(__file__).parents[2] / "README.md").read_text()
-MARK = "KeepOriginals(batch_keys=keys),  # the loader's rows beside the loops' own"
+MARK = "KeepOriginals(batch_keys=keys),  # the loader's rows, as the noise left them, beside the loops' own"
 
-PROJECT_OWN = {"batch_keys", "preprocess", "masks", "accessor", "training"}
-"""What a project sets for its own batches and network (dict keys, normalisation, the mask's key), not the arm."""
-
+PROJECT_OWN = {"batch_keys", "accessor", "preprocess", "masks"}
+"""What a project sets for its own batches and network (dict keys, the normalisation its network expects, the
+mask's key), not the arm; the benchmark's network normalises in ``forward``, so its loops take no ``preprocess``."""
 
 BANK_ARGUMENTS = tuple(inspect.signature(FailureBank).parameters)
 
 
-def readme_callbacks() -> list:
-    (block,) = [code for code in re.findall(r"^```python\n(.*?)^```", README, flags=re.S | re.M) if MARK in code]
+def readme_callbacks() -> list[L.Callback]:
+    """The callbacks README's block makes, run as written."""
+    (block,) = [code for code in BLOCKS if MARK in code]
     namespace: dict[str, Any] = {"__name__": "__main__"}
     exec(compile(block, "README.md", "exec"), namespace)
     return namespace["callbacks"]
 
 
-def benchmark_callbacks(monkeypatch: pytest.MonkeyPatch) -> list:
-    """The anchored arm of README's "Against the goal": `anchor.py --on noise --arms dlguard --properties framework
-    capture --combine dscore robustness hda metamorphic relevancy --guide strength=0.125 --padding
-    "padding_mode='reflection'" --dscore "p_from='unpadded'" start_epoch=2`, seed 0, as `closed_loop.main` sets
-    those flags."""
+def benchmark_callbacks(monkeypatch: pytest.MonkeyPatch) -> list[L.Callback]:
+    """The anchored arm README gives the command of, seed 0, with the flags set as ``closed_loop.main`` sets them.
+
+    ``--on noise --arms dlguard --properties framework capture --combine dscore robustness hda metamorphic
+    relevancy --guide strength=0.125 --padding "padding_mode='reflection'" --dscore "p_from='unpadded'"
+    start_epoch=2``; the harness's ``Dose``, which only records, is left out.
+    """
     monkeypatch.setattr(cl, "ON", ["noise"])
     monkeypatch.setattr(cl, "COMBINED", ["dscore", "robustness", "hda", "metamorphic", "relevancy"])
     monkeypatch.setattr(cl, "PROPERTIES", ["framework", "capture"])
+    monkeypatch.setattr(cl, "SPREAD", ["cell"])
+    monkeypatch.setattr(cl, "VIOLATION_GUIDE", [])
     for name, given in {
         "guide": {"strength": 0.125},
         "padding": {"padding_mode": "reflection"},
@@ -49,15 +54,14 @@ def benchmark_callbacks(monkeypatch: pytest.MonkeyPatch) -> list:
     }.items():
         monkeypatch.setitem(cl.OPTIONS, name, given)
     pictures, labels = torch.rand(20, 3, 32, 32), torch.arange(20) % 10
-    setting = cl.Setting(
-        (pictures, labels), (pictures, labels), (pictures, labels), cl.resnet18_cifar, val_masks=torch.ones(20, 32, 32)
-    )
+    split = (pictures, labels)  # the arm reads no split: only whether the validation scenes have masks
+    setting = cl.Setting(split, split, split, cl.resnet18_cifar, val_masks=torch.ones(20, 32, 32))
     arm, _ = anchor.anchored(cl.make_arm("dlguard", setting, 0, {}))
-    return [c for c in arm.callbacks if not isinstance(c, cl.Underneath | cl.Dose)]  # the harness's own
+    return [c for c in arm.callbacks if not isinstance(c, cl.Dose)]
 
 
 def configured(thing: Any) -> dict[str, Any]:
-    """``thing``'s public settings: scalars, containers of them, its properties and its guide's and bank's settings."""
+    """``thing``'s public settings: scalars and containers of them, its properties, its guide's and bank's."""
     out: dict[str, Any] = {}
     for name, value in vars(thing).items():
         if name.startswith("_") or name in PROJECT_OWN:
@@ -66,27 +70,40 @@ def configured(thing: Any) -> dict[str, Any]:
             out[name] = [(p.name, tuple(p.levels), p.deterministic) for p in value]
         elif name == "guide":
             out[name] = None if value is None else (type(value).__name__, configured(value))
-        elif name == "bank":  # the benchmark's bank is a FailureBank that also records its deposits: its arguments
+        elif name == "bank":  # the benchmark's is a FailureBank that also records its deposits: its arguments
             out[name] = None if value is None else {arg: getattr(value, arg) for arg in BANK_ARGUMENTS}
         elif isinstance(value, bool | int | float | str | None | tuple | list | dict):
             out[name] = value
     return out
 
 
-def test_readme_s_anchored_callbacks_are_the_benchmark_s_arm(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_readme_block_makes_the_benchmark_s_anchored_arm(monkeypatch: pytest.MonkeyPatch) -> None:
     readme, benchmark = readme_callbacks(), benchmark_callbacks(monkeypatch)
-    assert [type(c).__name__ for c in readme] == [type(c).__name__ for c in benchmark]
-    for mine, theirs in zip(readme, benchmark, strict=True):
-        assert configured(mine) == configured(theirs), type(mine).__name__
-    for callbacks in (readme, benchmark):  # one bank, which every loop fills and the replay draws from
+    (noise, *loops), (underneath, *theirs) = readme, benchmark
+    assert isinstance(underneath, cl.Underneath) and type(noise).__name__ == "GaussianNoise"
+    assert [type(c).__name__ for c in loops] == [type(c).__name__ for c in theirs]
+    for mine, their in zip(loops, theirs, strict=True):
+        assert configured(mine) == configured(their), type(mine).__name__
+    for callbacks in (loops, theirs):  # one bank, which every loop fills and the replay draws from
         replay = next(c for c in callbacks if isinstance(c, cl.FailureReplay))
         banked = [type(c).__name__ for c in callbacks if getattr(c, "bank", None) is replay.bank]
         assert banked == ["RobustnessCallback", "HDACallback", "MetamorphicCallback", "ObjectRelevancyCallback",
                           "FailureReplay"]  # fmt: skip
 
     # the comparison reads the settings that make the arm: the goal's own arguments are among them
-    dscore, robustness = configured(readme[0]), configured(readme[1])
+    dscore, robustness = configured(loops[0]), configured(loops[1])
     assert dscore["p_from"] == "unpadded" and dscore["start_epoch"] == 2
-    assert dscore["guide"][0] == "ScoreGuidedPadding" and "reflection" in str(dscore["guide"][1])
+    assert dscore["guide"] == ("ScoreGuidedPadding", {**dscore["guide"][1], "flags": {"padding_mode": "reflection"}})
     assert robustness["guide"][1]["strength"] == 0.125
     assert {"reduced_contrast", "defocus", "low_resolution"} <= {name for name, *_ in robustness["properties"]}
+
+
+def test_the_readme_s_noise_draws_what_the_benchmark_s_noise_underneath_draws() -> None:
+    noise = readme_callbacks()[0]
+    pictures = torch.rand(6, 3, 8, 8)
+    batch, rows = {"image": pictures.clone(), "label": torch.zeros(6)}, [pictures.clone(), torch.zeros(6)]
+    torch.manual_seed(1)
+    noise.on_train_batch_start(None, None, batch, 0)
+    torch.manual_seed(1)
+    cl.Underneath(cl.STANDARD["noise"]()).on_train_batch_start(None, None, rows, 0)
+    assert torch.equal(batch["image"], rows[0]) and not torch.equal(rows[0], pictures)
