@@ -65,8 +65,8 @@ class KeepOriginals(Callback):
     originals. The callbacks' order is put back when the fit ends or fails; ``validate`` and
     ``test`` leave it be. Every training batch is copied and compared, also while the loops change
     nothing yet, and the count of changed rows is read on the host once a batch (the batch's length
-    depends on it). One per ``Trainer``: a second would append the originals again, and Lightning refuses it
-    when the ``Trainer`` is made ("more than one stateful callback of type ``KeepOriginals``").
+    depends on it). One per ``Trainer``: a second would append the originals again, and Lightning
+    refuses it when the ``Trainer`` is made ("more than one stateful callback of type ``KeepOriginals``").
 
     Logged at the end of every training epoch (summed over processes): ``originals/rows``, the
     originals appended this epoch. Under DDP each process appends to its own batches (under

@@ -90,6 +90,12 @@ def test_the_readme_block_makes_the_benchmark_s_anchored_arm(monkeypatch: pytest
         assert banked == ["RobustnessCallback", "HDACallback", "MetamorphicCallback", "ObjectRelevancyCallback",
                           "FailureReplay"]  # fmt: skip
 
+    # KeepOriginals keeps the rows as the noise left them: its keeper goes after the noise, before D-Score's padding
+    trainer = L.Trainer(callbacks=list(readme), logger=False, enable_checkpointing=False, enable_model_summary=False)
+    readme[-1].setup(trainer, None, "fit")  # a list of its own: Lightning appends its progress bar to the one given
+    order = [type(c).__name__ for c in trainer.callbacks]
+    assert order[:3] == ["GaussianNoise", "_Keeper", "DScoreCallback"] and order[-1] == "KeepOriginals"
+
     # the comparison reads the settings that make the arm: the goal's own arguments are among them
     dscore, robustness = configured(loops[0]), configured(loops[1])
     assert dscore["p_from"] == "unpadded" and dscore["start_epoch"] == 2
