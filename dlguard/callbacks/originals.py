@@ -11,15 +11,10 @@ from lightning.pytorch.callbacks import Callback, Checkpoint
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-from dlguard.callbacks.replay import FailureReplay
+from dlguard.callbacks.replay import changes_batches
 from dlguard.data.batch import BatchAccessor, describe_batch
 
 __all__ = ["KeepOriginals"]
-
-
-def _changes_batches(callback: Callback) -> bool:
-    """Whether ``callback`` changes training batches in place: a :class:`FailureReplay`, or one with a guide."""
-    return isinstance(callback, FailureReplay) or getattr(callback, "guide", None) is not None
 
 
 class _Keeper(Callback):
@@ -122,7 +117,7 @@ class KeepOriginals(Callback):
         self._put_back(trainer)  # a fit that did not end (an interrupted run) left them placed
         self._epoch, self._not_grown = None, set()
         callbacks = trainer.callbacks
-        changers = [at for at, callback in enumerate(callbacks) if callback is not self and _changes_batches(callback)]
+        changers = [at for at, callback in enumerate(callbacks) if callback is not self and changes_batches(callback)]
         if not changers:
             rank_zero_warn(
                 "KeepOriginals: no callback changes the training batches (a FailureReplay or a callback with a "
@@ -132,7 +127,7 @@ class KeepOriginals(Callback):
         self._given = list(callbacks)
         placed = [c for c in [*callbacks[: changers[0]], self.keeper, *callbacks[changers[0] :]] if c is not self]
         # last but for the checkpoints (Lightning's order), so a ModelCheckpoint can monitor originals/rows
-        last = max(i for i, c in enumerate(placed) if _changes_batches(c))
+        last = max(i for i, c in enumerate(placed) if changes_batches(c))
         at = next((i for i, c in enumerate(placed) if i > last and isinstance(c, Checkpoint)), len(placed))
         # a new list, as Lightning's tuner binds one: the hook being called goes on over the old
         trainer.callbacks = [*placed[:at], self, *placed[at:]]

@@ -186,3 +186,8 @@ class FailureReplay(Callback):
         self._dose_epoch = dose.get("epoch")
         self._dose_rows, self._dose_held = int(dose.get("rows", 0)), int(dose.get("held", 0))
         self._own.load(state_dict.get("generator"))
+
+
+def changes_batches(callback: Callback) -> bool:
+    """Whether ``callback`` changes training batches in place: a :class:`FailureReplay`, or one with a guide."""
+    return isinstance(callback, FailureReplay) or getattr(callback, "guide", None) is not None

@@ -1,4 +1,4 @@
-"""README's callbacks for the anchored run are the benchmark's anchored arm, setting for setting."""
+"""``closed_loop_callbacks``, as README calls it, is the benchmark's anchored arm, setting for setting."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import anchor
 import closed_loop as cl  # scripts beside the package, not part of it
 
+from dlguard.callbacks import GaussianNoise
 from dlguard.data import FailureBank
 from tests.test_readme import BLOCKS
 
-MARK = "KeepOriginals(batch_keys=keys),  # the loader's rows, as the noise left them, beside the loops' own"
+MARK = "callbacks = closed_loop_callbacks(masks="
 
 PROJECT_OWN = {"batch_keys", "accessor", "preprocess", "masks"}
 """What a project sets for its own batches and network (dict keys, the normalisation its network expects, the
@@ -28,7 +29,7 @@ BANK_ARGUMENTS = tuple(inspect.signature(FailureBank).parameters)
 
 
 def readme_callbacks() -> list[L.Callback]:
-    """The callbacks README's block makes, run as written."""
+    """The callbacks README's block makes, run as written (it calls ``closed_loop_callbacks``)."""
     (block,) = [code for code in BLOCKS if MARK in code]
     namespace: dict[str, Any] = {"__name__": "__main__"}
     exec(compile(block, "README.md", "exec"), namespace)
@@ -80,7 +81,8 @@ def configured(thing: Any) -> dict[str, Any]:
 def test_the_readme_block_makes_the_benchmark_s_anchored_arm(monkeypatch: pytest.MonkeyPatch) -> None:
     readme, benchmark = readme_callbacks(), benchmark_callbacks(monkeypatch)
     (noise, *loops), (underneath, *theirs) = readme, benchmark
-    assert isinstance(underneath, cl.Underneath) and type(noise).__name__ == "GaussianNoise"
+    assert isinstance(underneath, cl.Underneath) and isinstance(noise, GaussianNoise)
+    assert noise.max_sigma == largest_sigma(underneath) == 0.3 and noise.value_range == (0.0, 1.0)
     assert [type(c).__name__ for c in loops] == [type(c).__name__ for c in theirs]
     for mine, their in zip(loops, theirs, strict=True):
         assert configured(mine) == configured(their), type(mine).__name__
@@ -104,12 +106,17 @@ def test_the_readme_block_makes_the_benchmark_s_anchored_arm(monkeypatch: pytest
     assert {"reduced_contrast", "defocus", "low_resolution"} <= {name for name, *_ in robustness["properties"]}
 
 
-def test_the_readme_s_noise_draws_what_the_benchmark_s_noise_underneath_draws() -> None:
-    noise = readme_callbacks()[0]
-    pictures = torch.rand(6, 3, 8, 8)
-    batch, rows = {"image": pictures.clone(), "label": torch.zeros(6)}, [pictures.clone(), torch.zeros(6)]
-    torch.manual_seed(1)
-    noise.on_train_batch_start(None, None, batch, 0)
-    torch.manual_seed(1)
-    cl.Underneath(cl.STANDARD["noise"]()).on_train_batch_start(None, None, rows, 0)
-    assert torch.equal(batch["image"], rows[0]) and not torch.equal(rows[0], pictures)
+def largest_sigma(underneath: cl.Underneath) -> float:
+    """The benchmark's noise with every uniform draw at its top and every normal draw at one: ``x + max σ``."""
+    pictures = torch.full((3, 3, 4, 4), 0.25)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "rand", lambda *shape, **kw: torch.ones(*shape, **kw))
+        patch.setattr(torch, "randn_like", lambda x, **kw: torch.ones_like(x, **kw))
+        rows = [pictures.clone(), torch.zeros(3)]
+        underneath.on_train_batch_start(None, None, rows, 0)
+    (shift,) = (rows[0] - pictures).unique().tolist()
+    return round(shift, 6)
+
+
+def test_the_largest_sigma_is_read_from_the_noise_not_assumed() -> None:
+    assert largest_sigma(cl.Underneath(lambda x: (x + 0.125).clamp(0, 1))) == 0.125  # a planted other noise
