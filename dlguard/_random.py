@@ -109,7 +109,7 @@ def keyed_uniform(keys: Tensor, shape: tuple[int, ...], salt: int = 0, dtype: to
     """
     size = math.prod(shape)
     counter = torch.arange(size, device=keys.device, dtype=torch.int64)
-    salt_hash = _mix32(torch.tensor((salt * _GOLDEN + 0x1B56C4E9) & _MASK32, device=keys.device))
+    salt_hash = int(_mix32(torch.tensor((salt * _GOLDEN + 0x1B56C4E9) & _MASK32)))  # on the host: no copy to the device
     stream = _mix32(_mul32(counter, _GOLDEN) ^ salt_hash)
     first, second = _row_hash(keys.reshape(-1))
     draws = _mix32((_mix32(stream.unsqueeze(0) ^ second.unsqueeze(1)) + first.unsqueeze(1)) & _MASK32)

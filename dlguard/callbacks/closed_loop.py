@@ -61,7 +61,8 @@ def closed_loop_callbacks(
         output_transform: turns the model's output into logits.
         batch_keys: where the inputs and targets are in each batch.
         max_sigma: the noise's largest ``σ``; ``None`` leaves the noise out.
-        seed: every callback's seed.
+        seed: every callback's seed (the global seed does not set their draws: give each run of a
+            multi-seed study its own).
 
     Example:
         >>> callbacks = closed_loop_callbacks(masks="mask", batch_keys=("image", "label"))

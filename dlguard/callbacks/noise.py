@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor
 
 from dlguard._random import content_keys, keyed_normal, keyed_uniform
 from dlguard._validation import check_tensor, check_values, finite_float
@@ -17,6 +19,10 @@ from dlguard.data.batch import BatchAccessor, BatchKeys
 
 __all__ = ["GaussianNoise"]
 
+_RANGE_HINT = (
+    "the noise goes on the pixels before the network's normalisation (give that as the loops' preprocess), or set "
+    "GaussianNoise(value_range=...) to the range the inputs lie in"
+)
 _NOISE_SALT = 1 << 20  # the noise's draws for epoch e use salts 2^21 + 2e and 2^21 + 2e + 1; sigma's use e
 
 
@@ -34,8 +40,11 @@ class GaussianNoise(Callback):
     The output is clamped to ``value_range``. Each input's ``σ`` and noise are keyed by its content,
     the ``seed`` and the epoch (``dlguard._random``): a new draw every epoch, the same for 1 or N
     processes and any batch order, and a run resumed from a checkpoint draws what an uninterrupted run
-    draws, with no state to save. The global RNG is not touched. The first training batch of a fit is
-    checked (no NaN, inside ``value_range``); later ones are not read, so no host sync per batch.
+    draws, with no state to save; two identical inputs get the same noise. The global RNG is not
+    touched. The first training batch of a fit is checked (no NaN, inside ``value_range``); later
+    ones are not read. A list or dict batch gets a new inputs tensor, so a loader whose batches are
+    views of its dataset (``batch_size=None`` over pre-batched tensors) keeps the dataset clean; a
+    tuple batch or a bare tensor is written in place.
 
     Args:
         max_sigma: the largest standard deviation, in units of ``value_range`` (``>= 0``; 0.3, the
@@ -43,15 +52,19 @@ class GaussianNoise(Callback):
         batch_keys: where the inputs are in each batch (see :class:`~dlguard.data.BatchAccessor`).
         value_range: ``(low, high)`` the inputs lie in and the output is clamped to (the pixels before
             the network's normalisation).
-        seed: fixes the draws with the inputs' content and the epoch.
+        seed: fixes the draws with the inputs' content and the epoch. The global seed
+            (``L.seed_everything``) is not read: give each run of a multi-seed study its own ``seed``.
 
     Example:
         >>> import torch
-        >>> noise = GaussianNoise(max_sigma=0.3)
-        >>> batch = [torch.full((4, 1, 8, 8), 0.5), torch.zeros(4, dtype=torch.long)]
+        >>> noise = GaussianNoise(batch_keys=("image", "label"))
+        >>> images = torch.linspace(0.3, 0.7, 4).reshape(4, 1, 1, 1).expand(4, 1, 8, 8)  # four pictures, one grey each
+        >>> batch = {"image": images.clone(), "label": torch.zeros(4, dtype=torch.long)}
         >>> noise.on_train_batch_start(None, None, batch, 0)  # a Trainer calls it; outside one, epoch 0
-        >>> [round(float((x - 0.5).std()), 2) <= 0.3 for x in batch[0]], bool(batch[0].std(dim=(1, 2, 3)).min() > 0)
-        ([True, True, True, True], True)
+        >>> sigma = (batch["image"] - images).flatten(1).std(dim=1)  # each picture's own sigma, up to 0.3
+        >>> out = batch["image"]
+        >>> bool((sigma > 0).all() and (sigma < 0.35).all()), bool(out.min() >= 0 and out.max() <= 1)
+        (True, True)
     """
 
     def __init__(
@@ -91,12 +104,22 @@ class GaussianNoise(Callback):
         inputs = self.accessor.inputs(batch)
         if not self._checked:  # before any row changes: a wrong range or a NaN is named at once
             check_tensor("inputs", inputs, floating=True)
-            check_values("inputs", inputs, self.value_range)
-            self._checked = True
+            check_values("inputs", inputs, self.value_range, hint=_RANGE_HINT)
         epoch = 0 if trainer is None else trainer.current_epoch
         keys = content_keys(inputs, self.seed)
-        with torch.no_grad():
+        with torch.no_grad():  # the functional gaussian_noise would read sigma's values: a host sync per batch
             sigma = self.max_sigma * keyed_uniform(keys, (1,) * (inputs.ndim - 1), salt=epoch, dtype=inputs.dtype)
             noise = keyed_normal(keys, tuple(inputs.shape[1:]), salt=_NOISE_SALT + epoch, dtype=inputs.dtype)
             noisy = (inputs + sigma * noise).clamp(*self.value_range)
-        self.accessor.write(batch, noisy)
+        self._put(batch, inputs, noisy)
+        self._checked = True
+
+    def _put(self, batch: Any, inputs: Tensor, noisy: Tensor) -> None:
+        """A list or dict batch gets the new tensor, so a loader that hands out views of its dataset keeps it clean."""
+        keys = self.accessor.keys
+        if keys is not None and isinstance(batch, list | MutableMapping):
+            batch[keys[0]] = noisy
+        elif keys is not None or isinstance(batch, Tensor):  # a tuple (or a bare tensor) cannot take a new one
+            inputs.copy_(noisy)
+        else:  # a callable batch_keys: written through it, which checks it returns the batch's own tensors
+            self.accessor.write(batch, noisy)

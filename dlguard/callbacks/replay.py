@@ -189,5 +189,11 @@ class FailureReplay(Callback):
 
 
 def changes_batches(callback: Callback) -> bool:
-    """Whether ``callback`` changes training batches in place: a :class:`FailureReplay`, or one with a guide."""
+    """Whether ``callback`` changes training batches in place: a :class:`FailureReplay`, or one with a guide.
+
+    Example:
+        >>> from dlguard.callbacks import GaussianNoise, RobustnessCallback
+        >>> changes_batches(FailureReplay()), changes_batches(RobustnessCallback()), changes_batches(GaussianNoise())
+        (True, False, False)
+    """
     return isinstance(callback, FailureReplay) or getattr(callback, "guide", None) is not None

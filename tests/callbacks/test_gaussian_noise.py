@@ -51,6 +51,27 @@ def test_the_draw_is_fixed_by_content_seed_and_epoch_not_by_the_batch() -> None:
     assert torch.equal(noised(inputs, max_sigma=0.0), inputs)
 
 
+def test_list_dict_tuple_callable_and_bare_batches_and_a_loader_of_views_that_stays_clean() -> None:
+    inputs = rows(8)
+    want = noised(inputs)
+    dataset = inputs.clone()
+    as_list = [dataset[:8], torch.zeros(8)]  # a view of the dataset, as a loader with batch_size=None hands out
+    GaussianNoise().on_train_batch_start(None, None, as_list, 0)
+    as_dict = {"image": dataset[:8], "label": torch.zeros(8)}
+    GaussianNoise(batch_keys=("image", "label")).on_train_batch_start(None, None, as_dict, 0)
+    assert torch.equal(as_list[0], want) and torch.equal(as_dict["image"], want)
+    assert torch.equal(dataset, inputs)  # the dataset the views came from is as it was
+    for batch, options in [
+        ((inputs.clone(), torch.zeros(8)), {}),
+        (inputs.clone(), {}),  # a bare tensor: its own inputs, no target needed
+        ((inputs.clone(), [{"boxes": None}] * 8), {}),  # detection targets: the noise reads no target
+        ({"x": inputs.clone(), "y": torch.zeros(8)}, {"batch_keys": lambda b: (b["x"], b["y"])}),
+    ]:
+        GaussianNoise(**options).on_train_batch_start(None, None, batch, 0)
+        seen = batch if isinstance(batch, torch.Tensor) else batch["x"] if isinstance(batch, dict) else batch[0]
+        assert torch.equal(seen, want)  # in place: a tuple cannot take a new tensor
+
+
 def test_the_output_is_clamped_to_the_value_range() -> None:
     inputs = torch.cat([torch.zeros(4, 1, 8, 8), torch.ones(4, 1, 8, 8)])
     out = noised(inputs)
@@ -77,7 +98,7 @@ def test_bad_settings_are_refused_naming_the_argument(options: dict, message: st
 @pytest.mark.parametrize(
     ("inputs", "message"),
     [
-        ((rows(4) - 0.5) / 0.25, r"inputs: expected values in \[0, 1\]"),  # normalised pixels: preprocess is later
+        ((rows(4) - 0.5) / 0.25, r"inputs: expected values in \[0, 1\].*before the network's normalisation"),
         (torch.full((4, 1, 4, 4), float("nan")), "inputs: contains NaN"),
     ],
 )
@@ -85,8 +106,11 @@ def test_inputs_outside_the_range_or_nan_are_refused_before_the_batch_changes(
     inputs: torch.Tensor, message: str
 ) -> None:
     batch = [inputs.clone(), torch.zeros(4, dtype=torch.long)]
+    noise = GaussianNoise()
     with pytest.raises(ValueError, match=message):
-        GaussianNoise().on_train_batch_start(None, None, batch, 0)
+        noise.on_train_batch_start(None, None, batch, 0)
+    with pytest.raises(ValueError, match=message):  # and again: a batch that failed the check did not pass it
+        noise.on_train_batch_start(None, None, batch, 0)
     torch.testing.assert_close(batch[0], inputs, rtol=0, atol=0, equal_nan=True)  # the batch as it was
 
 
