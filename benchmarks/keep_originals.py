@@ -23,13 +23,12 @@ than the wall time.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 from functools import partial
 
 import torch
 from _resnet import Normalize, resnet18_cifar
-from _timing import timed
+from _timing import add_device_and_clock, device_and_clock, timed
 from torch import Tensor, nn
 
 from dlguard.callbacks import FailureReplay, KeepOriginals
@@ -63,17 +62,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--changed", type=float, nargs="+", default=[0.0, 0.35, 1.0])
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--clock", choices=["cpu", "wall"], default=None, help="default: cpu on the CPU, else wall")
+    add_device_and_clock(parser)
     args = parser.parse_args()
-    device = torch.device(args.device)
-    clock_name = args.clock or ("cpu" if device.type == "cpu" else "wall")
-    if clock_name == "cpu" and device.type == "cuda":
-        parser.error("--clock cpu: the CPU seconds leave out the GPU's; time a GPU with --clock wall")
-    clock = time.process_time if clock_name == "cpu" else time.perf_counter
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"batch {args.batch} of 3x32x32 scenes, ResNet-18, device: {name}, torch {torch.__version__}, "
-          f"clock: {clock_name}")  # fmt: skip
+    device, clock, header = device_and_clock(parser, args)
+    print(header)
 
     torch.manual_seed(0)
     scenes = SceneDataModule()
