@@ -93,8 +93,8 @@ def main() -> None:
 
     def make_anchored_arm(arm_name: str, setting: closed_loop.Setting, seed: int, *args: Any) -> closed_loop.Arm:
         arm = make_arm(arm_name, setting, seed, *args)
-        if not arm.callbacks:  # plain and the standard arms change no row
-            return arm
+        if not arm.callbacks or any(isinstance(c, KeepOriginals) for c in arm.callbacks):
+            return arm  # plain and the standard arms change no row; closed_loop_callbacks keeps its own
         arm, anchors[arm_name] = anchored(arm, draw, seed)
         return arm
 

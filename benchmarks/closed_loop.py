@@ -55,6 +55,11 @@ to the training batches differs:
   backgrounds), and ``dlguard`` (all of them on one bank; its record's ``dose`` holds the robustness
   guide's strength in each epoch (without it, the first guide's) and, under ``guides``, the others',
   D-Score's padding ``p`` among them);
+- ``closed_loop_callbacks``: what a project gets from the library's one call,
+  ``dlguard.callbacks.closed_loop_callbacks(masks=..., seed=seed)`` (README, "The anchored run's callbacks
+  in a project of your own"): the anchored arm of ``anchor.py`` with README's flags, its noise the
+  library's ``GaussianNoise`` (draws keyed by content and epoch) instead of ``--on noise``'s global-RNG draws;
+  the loops' flags do not reach it, and ``--on`` is refused;
 - each loop's open-loop control, ``<loop>-open``: the same generator's test cases, *not* chosen by
   detection, at the same dose. The loop's run is recorded -- how many failures it deposited at
   which validation, its replay fraction, its guide's strength in each epoch -- and the control
@@ -146,9 +151,11 @@ from dlguard.callbacks import (
     DScoreCallback,
     FailureReplay,
     HDACallback,
+    KeepOriginals,
     MetamorphicCallback,
     ObjectRelevancyCallback,
     RobustnessCallback,
+    closed_loop_callbacks,
 )
 from dlguard.data import FailureBank, make_scenes
 from dlguard.data.mnist import embedded_mnist
@@ -671,7 +678,11 @@ default 0.5) on every training batch from the first, with no D-Score measurement
 ``DScoreCallback``'s guide's stream (D-Score's guide draws only from its first measurement on), so it takes
 ``dscore``'s place, never a place beside it."""
 CONTROLS = ("robustness-open", "dscore-open", "hda-open", "hda-pgd", "metamorphic-open", "relevancy-open")
-ARMS = ("plain", *STANDARD, *REFERENCES, *LOOPS, *CONTROLS)
+LIBRARY = "closed_loop_callbacks"
+"""The arm a project gets from one library call: ``dlguard.callbacks.closed_loop_callbacks(masks=2, seed=seed)``
+as README gives it (its own keyed ``GaussianNoise`` under the loops, so no ``--on``; the loops' flags do not reach
+it). What ``anchor.py``'s ``dlguard`` arm with README's flags runs, but with the library's noise draws."""
+ARMS = ("plain", *STANDARD, *REFERENCES, *LOOPS, *CONTROLS, LIBRARY)
 
 
 def _one_padding(combine: list[str]) -> None:
@@ -796,6 +807,10 @@ def make_arm(arm_name: str, setting: Setting, seed: int, doses: dict[str, Any]) 
         return Arm([], augment=STANDARD[arm_name]())
     if arm_name in REFERENCES:
         return Arm([], augment=REFERENCES[arm_name](seed))
+    if arm_name == LIBRARY:  # the validation batches' third field holds the scenes' masks
+        if ON:
+            raise SystemExit(f"--on: {LIBRARY} brings its own noise under the loops; leave --on out")
+        return Arm(closed_loop_callbacks(masks=2 if setting.val_masks is not None else None, seed=seed))
     if arm_name in LOOPS:
         arm = loop_arm(arm_name, setting, seed)
     else:
@@ -874,6 +889,8 @@ def fit(
     controls = [c for c in arm.callbacks if isinstance(c, OpenLoop)]
     if controls and arm.dose is None:  # a control; a loop's own OpenLoop (--combine padding) has no dose to give
         record["dose"] = {"deposits": controls[0].deposited, "strength": controls[0].applied}
+    if arm_name == LIBRARY:  # its KeepOriginals' rows, as anchor.py records its own keeper's
+        record["anchored"] = next(c for c in arm.callbacks if isinstance(c, KeepOriginals)).appended
     replays = [c for c in arm.callbacks if isinstance(c, FailureReplay)]
     if replays:
         record["replayed"] = replays[0].replayed
@@ -1073,7 +1090,7 @@ def comparisons(results: dict[str, list[dict]]) -> list[tuple[str, str, list[tup
             pairs.append((hda, "plain", [("pgd", 1)]))
     standard = [arm for arm in STANDARD if results.get(arm)]
     best = max(standard, key=lambda arm: mean(r["mCA"] for r in results[arm])) if standard else None
-    for together in [arm for arm in results if _base(arm) == "dlguard" and results[arm]]:
+    for together in [arm for arm in results if _base(arm) in ("dlguard", LIBRARY) and results[arm]]:
         if best:
             pairs.append((together, best, [("mCA", 1), ("pgd", 1)]))
         under = {run["on"] for run in results[together] if "on" in run}

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import anchor
 import closed_loop as cl  # scripts beside the package, not part of it
 
-from dlguard.callbacks import GaussianNoise
+from dlguard.callbacks import GaussianNoise, KeepOriginals
 from dlguard.data import FailureBank
 from tests.test_readme import BLOCKS
 
@@ -120,3 +120,46 @@ def largest_sigma(underneath: cl.Underneath) -> float:
 
 def test_the_largest_sigma_is_read_from_the_noise_not_assumed() -> None:
     assert largest_sigma(cl.Underneath(lambda x: (x + 0.125).clamp(0, 1))) == 0.125  # a planted other noise
+
+
+def test_the_benchmark_s_library_arm_is_the_readme_call_with_its_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--arms closed_loop_callbacks`` fits what README's call makes, each callback seeded by the run's seed."""
+    pictures, labels = torch.rand(20, 3, 32, 32), torch.arange(20) % 10
+    split = (pictures, labels)
+    scenes = cl.Setting(split, split, split, cl.resnet18_cifar, val_masks=torch.ones(20, 32, 32))
+    arm = cl.make_arm(cl.LIBRARY, scenes, 3, {})
+    readme = readme_callbacks()
+    assert [type(c).__name__ for c in arm.callbacks] == [type(c).__name__ for c in readme]
+    for mine, theirs in zip(arm.callbacks, readme, strict=True):
+        seeded = configured(mine)
+        assert seeded.pop("seed", 3) == 3, type(mine).__name__
+        assert seeded == {k: v for k, v in configured(theirs).items() if k != "seed"}, type(mine).__name__
+    relevancy = next(c for c in arm.callbacks if type(c).__name__ == "ObjectRelevancyCallback")
+    assert relevancy.masks == 2  # the validation batches' third field
+    digits = cl.Setting(split, split, split, cl.resnet18_cifar)  # no masks: no object relevancy
+    assert "ObjectRelevancyCallback" not in [type(c).__name__ for c in cl.make_arm(cl.LIBRARY, digits, 0, {}).callbacks]
+    # anchor.py keeps the call's own KeepOriginals and adds none; --on is refused: the call brings its own noise
+    made: list = []
+    monkeypatch.setattr(cl, "main", lambda: made.append(cl.make_arm(cl.LIBRARY, scenes, 0, {})))
+    monkeypatch.setattr(cl, "make_arm", cl.make_arm)  # restored after the test: anchor.main() patches both
+    monkeypatch.setattr(cl, "fit", cl.fit)
+    monkeypatch.setattr(sys, "argv", ["anchor.py"])
+    anchor.main()
+    assert sum(isinstance(c, KeepOriginals) for c in made[0].callbacks) == 1
+    monkeypatch.setattr(cl, "ON", ["noise"])
+    with pytest.raises(SystemExit, match="--on"):
+        cl.make_arm(cl.LIBRARY, scenes, 0, {})
+
+
+def test_the_library_arm_meets_the_goal_s_references_in_the_paired_table() -> None:
+    results = {
+        "plain": [{"seed": 0, "clean": 0.90, "pgd": 0.50, "mCA": 0.70}],
+        "augmix": [{"seed": 0, "clean": 0.91, "pgd": 0.40, "mCA": 0.80}],
+        cl.LIBRARY: [{"seed": 0, "clean": 0.89, "pgd": 0.60, "mCA": 0.84}],
+    }
+    assert cl.paired(results)[2:] == [
+        "| closed_loop_callbacks − augmix | mCA | +0.040 ± nan | 1 of 1 |",
+        "| closed_loop_callbacks − augmix | pgd | +0.200 ± nan | 1 of 1 |",
+        "| closed_loop_callbacks − plain | clean | -0.010 ± nan | 0 of 1 |",
+        "| closed_loop_callbacks − plain | pgd | +0.100 ± nan | 1 of 1 |",
+    ]
