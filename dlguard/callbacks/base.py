@@ -86,7 +86,8 @@ class ProbeCallback(Callback, ABC):
       device and dtype (:class:`~dlguard.probes.ModelAdapter`): perturbations happen in pixel space,
       ``preprocess`` (e.g. ``Normalize``) after them.
     - **Batch access.** ``batch_keys`` reads ``(inputs, target)`` from tuple, list or dict batches or
-      through a callable (:class:`~dlguard.data.BatchAccessor`); guides write back in place.
+      through a callable (:class:`~dlguard.data.BatchAccessor`); guides write back into the same
+      structure (new tensors in a list or dict batch, so the loader's own stay as they were).
     - **Probe set** (callbacks that need a fixed one). Drawn from the batches the evaluation loop
       already loads -- after the module's batch transfer hooks, so ``limit_val_batches``, custom
       datasets and transforms just work -- from loader ``dataloader_idx``, with a content-keyed draw
@@ -140,7 +141,7 @@ class ProbeCallback(Callback, ABC):
       predictions for a regression task) fails there, naming ``output_transform``.
     - **Guide protocol.** A callback with a ``guide`` (:class:`~dlguard.augment.Guide`) sets its
       strength from each measurement; from the first measurement on, every training batch is read
-      through the batch accessor, augmented as ``guide(inputs, target)`` and written back, in place,
+      through the batch accessor, augmented as ``guide(inputs, target)`` and written back through it,
       on the device, in ``on_train_batch_start``. The guide's random numbers come from a generator of
       the callback's own (seeded from ``seed``, the callback's class and the process's rank; in the
       checkpoint): a resumed run in one process trains on the draws an uninterrupted run makes (under

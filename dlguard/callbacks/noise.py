@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
 from typing import Any
 
 import lightning as L
@@ -117,7 +116,8 @@ class GaussianNoise(Callback):
     def _put(self, batch: Any, inputs: Tensor, noisy: Tensor) -> None:
         """A list or dict batch gets the new tensor, so a loader that hands out views of its dataset keeps it clean."""
         keys = self.accessor.keys
-        if keys is not None and isinstance(batch, list | MutableMapping):
+        if self.accessor.takes_new(batch):
+            assert keys is not None
             batch[keys[0]] = noisy
         elif keys is not None or isinstance(batch, Tensor):  # a tuple (or a bare tensor) cannot take a new one
             inputs.copy_(noisy)

@@ -28,9 +28,11 @@ class FailureReplay(Callback):
     one receives the batch on the device). Rows of each batch are chosen at random and replaced by
     rows drawn uniformly from the bank, inputs and labels alike, through the batch accessor: tuple,
     list or dict batches, or a callable; only those two are written, so other fields of a replaced row
-    (a dict batch's masks or ids) keep the original row's values. Nothing happens while the bank is
-    empty. Draws come from a generator of the callback's own (seeded, in the checkpoint), so the global
-    RNG that dropout and augmentations use is untouched; no host sync per batch.
+    (a dict batch's masks or ids) keep the original row's values. A list or dict batch gets new
+    tensors, so a loader that hands out views of its dataset keeps the dataset as it was. Nothing
+    happens while the bank is empty. Draws come from a generator of the callback's own (seeded, in
+    the checkpoint), so the global RNG that dropout and augmentations use is untouched; no host sync
+    per batch.
 
     **The dose.** A failure is one more training input, not one to learn by heart: each stored failure
     is replayed ``repeats`` times per training epoch on average (once by default, as often as any
@@ -189,7 +191,7 @@ class FailureReplay(Callback):
 
 
 def changes_batches(callback: Callback) -> bool:
-    """Whether ``callback`` changes training batches in place: a :class:`FailureReplay`, or one with a guide.
+    """Whether ``callback`` changes the rows of training batches: a :class:`FailureReplay`, or one with a guide.
 
     Example:
         >>> from dlguard.callbacks import GaussianNoise, RobustnessCallback

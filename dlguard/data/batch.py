@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from torch import Tensor
@@ -33,9 +33,11 @@ def _same_storage(a: Tensor, b: Tensor) -> bool:
 class BatchAccessor:
     """Reads ``(inputs, target)`` from tuple, list or dict batches, or through a callable.
 
-    Guides and failure replay write *into* the tensors read here (in place), so whatever the batch
-    structure -- a tuple, a dict, a dataclass reached through a callable -- the training step sees
-    the change without any code of its own. A bare tensor batch is its own inputs (no target).
+    Guides and failure replay write their rows back through it, so whatever the batch structure -- a
+    tuple, a list, a dict, a dataclass reached through a callable -- the training step sees the change
+    without any code of its own: a list or dict batch gets new tensors at its keys (the loader's own,
+    which may be views of its dataset, stay as they were), a tuple's tensors and a callable's are
+    written into (they cannot take new ones). A bare tensor batch is its own inputs (no target).
 
     Args:
         keys: ``(inputs key, target key)`` or a callable ``batch -> (inputs, target)``.
@@ -138,17 +140,30 @@ set batch_keys=(inputs key, target key), e.g. (0, 1) or ('image', 'label'), or a
             )
         self._checked_writable = True
 
+    def takes_new(self, batch: Any) -> bool:
+        """Whether the batch takes new tensors at its keys (a list or a dict), rather than writes into its own."""
+        return self.keys is not None and isinstance(batch, list | MutableMapping)
+
     def write(self, batch: Any, inputs: Tensor) -> None:
-        """Replace the batch's inputs, in place."""
+        """Replace the batch's inputs: a list or dict batch gets a new tensor, a tuple or a callable's is written into.
+
+        A new tensor, so that a loader that hands out views of its dataset (``batch_size=None`` over
+        pre-batched tensors, slices of a tensor on the GPU) keeps its dataset as it was.
+        """
         current, target = self.read(batch)
         self._check_writable(batch, current, target)
         if inputs.shape != current.shape:
             raise ValueError(f"inputs: expected shape {tuple(current.shape)} to write back, got {tuple(inputs.shape)}")
-        if inputs is not current:
+        if inputs is current:
+            return
+        if self.takes_new(batch):
+            assert self.keys is not None
+            batch[self.keys[0]] = inputs.to(device=current.device, dtype=current.dtype)
+        else:
             current.copy_(inputs)
 
     def write_rows(self, batch: Any, rows: Tensor, inputs: Tensor, target: Tensor) -> None:
-        """Replace the given rows of the batch's inputs and target, in place."""
+        """Replace the given rows of the batch's inputs and target: new tensors in a list or dict batch, as in write."""
         current, current_target = self.read(batch)
         self._check_writable(batch, current, current_target)
         if not len(rows) == len(inputs) == len(target):
@@ -160,5 +175,12 @@ set batch_keys=(inputs key, target key), e.g. (0, 1) or ('image', 'label'), or a
                 f"inputs: expected rows of shape {tuple(current.shape[1:])} to write into the batch, got "
                 f"{tuple(inputs.shape[1:])}"
             )
-        current[rows] = inputs.to(device=current.device, dtype=current.dtype)
-        current_target[rows] = target.to(device=current_target.device, dtype=current_target.dtype)
+        inputs = inputs.to(device=current.device, dtype=current.dtype)
+        target = target.to(device=current_target.device, dtype=current_target.dtype)
+        if self.takes_new(batch):  # new tensors, as in write: the loader's own stay as they were
+            assert self.keys is not None
+            batch[self.keys[0]] = current.index_put((rows,), inputs)
+            batch[self.keys[1]] = current_target.index_put((rows,), target)
+        else:
+            current[rows] = inputs
+            current_target[rows] = target

@@ -94,7 +94,8 @@ def test_dict_batches_and_label_dtype() -> None:
     batch = {"image": inputs, "label": labels, "id": "x"}
     replay = FailureReplay(bank_of([100, 101]), fraction=0.5, batch_keys=("image", "label"))
     replay.on_train_batch_start(None, None, batch, 0)
-    assert batch["image"] is inputs and batch["label"] is labels  # written in place
+    assert batch["image"] is not inputs and batch["label"] is not labels  # new tensors: the loader's stay as given
+    assert torch.equal(inputs, batch_of(8, torch.int32)[0]) and torch.equal(labels, batch_of(8, torch.int32)[1])
     assert batch["label"].dtype == torch.int32
     assert len(replaced_rows(batch["image"], batch["label"])) == 4
 

@@ -137,7 +137,7 @@ def test_sweeping_leaves_training_untouched(tmp_path: Path) -> None:
     assert torch.equal(runs[0], runs[1])
 
 
-def test_guide_replaces_training_images_in_place() -> None:
+def test_guide_replaces_training_images() -> None:
     guide = ErrorGuidedAugmentation([Property("bright", brightness_scale, (2.0,))], strength=1.0)
     callback = RobustnessCallback(properties=guide.properties, guide=guide)
     images = torch.full((4, 1, 2, 2), 0.25)
@@ -146,7 +146,11 @@ def test_guide_replaces_training_images_in_place() -> None:
     assert torch.equal(images, torch.full((4, 1, 2, 2), 0.25))  # no summary yet
     callback.load_state_dict({"summary": {"proposal": [[0.0], [1.0]]}, "history": []})
     callback.on_train_batch_start(None, None, batch, 0)
-    assert batch[0] is images and images[:, 0, 0, 0].tolist() == [0.25, 0.5, 0.25, 0.5]
+    assert batch[0][:, 0, 0, 0].tolist() == [0.25, 0.5, 0.25, 0.5]
+    assert torch.equal(images, torch.full((4, 1, 2, 2), 0.25))  # a new tensor in the list: the loader's as given
+    rows = (images.clone(), torch.tensor([0, 1, 0, 1]))
+    callback.on_train_batch_start(None, None, rows, 0)  # a tuple cannot take a new tensor: written into
+    assert rows[0][:, 0, 0, 0].tolist() == [0.25, 0.5, 0.25, 0.5]
 
 
 @pytest.mark.parametrize(

@@ -53,24 +53,37 @@ def test_read_returns_the_batch_tensors(index: int) -> None:
     assert accessor.inputs(batch) is get(batch)[0]
 
 
+TAKES_NEW = {1, 2}
+"""The structures whose batches take new tensors (the list and the dict); the others are written into."""
+
+
 @pytest.mark.parametrize("index", range(5))
-def test_write_reaches_the_batch_in_place(index: int) -> None:
+def test_write_reaches_the_batch_and_leaves_a_list_or_dict_batch_s_own_tensor_as_it_was(index: int) -> None:
     batch, accessor, get = list(structures())[index]
     original = get(batch)[0]
+    before = original.clone()
     new = torch.rand_like(original)
     accessor.write(batch, new)
-    assert get(batch)[0] is original  # same tensor, changed in place
     assert torch.equal(get(batch)[0], new)
+    if index in TAKES_NEW:  # a new tensor at the key: the loader's (a view of its dataset?) is untouched
+        assert get(batch)[0] is not original and torch.equal(original, before)
+    else:  # a tuple or a callable's batch cannot take a new tensor: the same one, changed in place
+        assert get(batch)[0] is original
 
 
 @pytest.mark.parametrize("index", range(5))
-def test_write_rows_reaches_the_batch_in_place(index: int) -> None:
+def test_write_rows_reaches_the_batch(index: int) -> None:
     batch, accessor, get = list(structures())[index]
-    before_inputs, before_target = (t.clone() for t in get(batch))
+    given = get(batch)
+    before_inputs, before_target = (t.clone() for t in given)
     rows = torch.tensor([4, 1])
     new_inputs = torch.full((2, 1, 3, 3), 0.5, dtype=torch.float64)  # cast to the batch dtype
     accessor.write_rows(batch, rows, new_inputs, torch.tensor([77, 88]))
     inputs, target = get(batch)
+    if index in TAKES_NEW:
+        assert torch.equal(given[0], before_inputs) and torch.equal(given[1], before_target)
+    else:
+        assert inputs is given[0] and target is given[1]
     assert inputs.dtype == torch.float32 and target.dtype == torch.long
     assert torch.equal(inputs[4], torch.full((1, 3, 3), 0.5)) and torch.equal(inputs[1], torch.full((1, 3, 3), 0.5))
     assert target[4] == 77 and target[1] == 88
@@ -177,3 +190,31 @@ def test_a_reader_that_needs_keys_refuses_a_callable_and_offers_none_in_its_hint
     assert "callable" not in str(keys_only.value) and "('image', 'label')" in str(keys_only.value)
     with pytest.raises(ValueError, match="or a callable batch -> \\(inputs, target\\)"):
         BatchAccessor().read(batch)  # the general reader offers both
+
+
+def test_a_loader_of_views_keeps_its_dataset_through_a_guide_and_a_replay() -> None:
+    """``batch_size=None`` over pre-batched tensors hands out views: guided and replayed rows must not reach them."""
+    from torch.utils.data import DataLoader, Dataset
+
+    from dlguard.callbacks import FailureReplay
+
+    images, labels = make(batch=16)
+    labels %= 9  # a replayed row is the only 9
+    kept = images.clone(), labels.clone()
+
+    class Batches(Dataset):  # slices of one tensor, as a GPU-resident loader gives them
+        def __len__(self) -> int:
+            return 2
+
+        def __getitem__(self, index: int) -> dict:
+            return {"image": images[8 * index : 8 * index + 8], "label": labels[8 * index : 8 * index + 8]}
+
+    replay = FailureReplay(fraction=0.5, repeats=None, batch_keys=("image", "label"))
+    replay.bank.add(torch.ones(4, 1, 3, 3), torch.full((4,), 9), origin="robustness")
+    accessor = BatchAccessor(("image", "label"))
+    for batch in DataLoader(Batches(), batch_size=None):
+        assert batch["image"].untyped_storage().data_ptr() == images.untyped_storage().data_ptr()  # a view indeed
+        accessor.write(batch, 1 - batch["image"])  # as a guide writes
+        replay.on_train_batch_start(None, None, batch, 0)
+        assert int((batch["label"] == 9).sum()) == 4  # the training step sees the replayed rows
+    assert torch.equal(images, kept[0]) and torch.equal(labels, kept[1])
