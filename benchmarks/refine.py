@@ -24,6 +24,8 @@ import closed_loop
 import lightning as L
 import torch
 
+from dlguard.callbacks import GaussianNoise
+
 
 class Keep(L.Callback):
     """Keeps a copy of the training batch as it is when Lightning calls this callback, in the refined epochs."""
@@ -53,10 +55,11 @@ class PutBack(L.Callback):
 def refined(arm: closed_loop.Arm, first_refined: int) -> closed_loop.Arm:
     """``arm``, its training batches put back from epoch ``first_refined`` on as they were before its loops.
 
-    ``Keep`` goes after the augmentation underneath (``--on``), before the loops; ``PutBack`` last.
+    ``Keep`` goes after the augmentation underneath (``--on``'s, or ``closed_loop_callbacks``' own
+    ``GaussianNoise``), before the loops; ``PutBack`` last.
     """
     keep = Keep(first_refined)
-    under = bool(arm.callbacks) and isinstance(arm.callbacks[0], closed_loop.Underneath)
+    under = bool(arm.callbacks) and isinstance(arm.callbacks[0], closed_loop.Underneath | GaussianNoise)
     arm.callbacks[int(under) : int(under)] = [keep]
     arm.callbacks.append(PutBack(keep))
     return arm

@@ -1,4 +1,4 @@
-"""Failure replay: stored failures substituted into training batches, in place (SPEC §6)."""
+"""Failure replay: stored failures substituted for rows of training batches (SPEC §6)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ _REPEATS = 1.0  # the default dose; another enters the checkpoint key
 
 
 class FailureReplay(Callback):
-    """Substitute failures from a :class:`~dlguard.data.FailureBank` into training batches, in place.
+    """Substitute failures from a :class:`~dlguard.data.FailureBank` for rows of training batches.
 
     Callbacks that find failures deposit them in the bank (``RobustnessCallback(bank=...)``); this
     callback mixes them into training in ``on_train_batch_start``, so any LightningModule trains

@@ -54,3 +54,12 @@ def test_the_refined_epochs_train_on_what_the_noise_left_and_the_loops_still_dra
     batch, noised = batch_through(trainer, 1)  # refined: the batch as the noise left it, labels too
     assert torch.equal(batch[0], noised) and (batch[1] == 0).all()
     assert replay.replayed == 2 * planted  # the replay still drew its rows: its stream goes on as unrefined
+
+
+def test_the_library_call_s_noise_is_the_augmentation_underneath_the_refined_epochs_keep() -> None:
+    """``--arms closed_loop_callbacks``: ``Keep`` after its ``GaussianNoise``; ``PutBack`` restores the noisy rows."""
+    split = (torch.rand(20, 3, 32, 32), torch.arange(20) % 10)
+    scenes = cl.Setting(split, split, split, cl.resnet18_cifar, val_masks=torch.ones(20, 32, 32))
+    arm = refine.refined(cl.make_arm(cl.LIBRARY, scenes, 0, {}), first_refined=1)
+    order = [type(c).__name__ for c in arm.callbacks]
+    assert order[:3] == ["GaussianNoise", "Keep", "DScoreCallback"] and order[-1] == "PutBack"
