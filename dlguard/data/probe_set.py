@@ -319,13 +319,14 @@ class ProbeSetDraw:
 
     def _check(self, probe: ProbeSet, seen: int) -> None:
         if probe.size:
-            if self.restore is not None and probe.size < len(self.restore):
-                warnings.warn(
-                    f"probe set: {len(self.restore) - probe.size} of the {len(self.restore)} inputs kept in the "
-                    f"checkpoint were not found in {self.context} (did the data change?); measuring on the "
-                    f"{probe.size} found",
-                    stacklevel=3,
-                )
+            if self.restore is not None:  # the checkpoint's set, found again: its size, not the policy's, is due
+                if probe.size < len(self.restore):
+                    warnings.warn(
+                        f"probe set: {len(self.restore) - probe.size} of the {len(self.restore)} inputs kept in "
+                        f"the checkpoint were not found in {self.context} (did the data change?); measuring on "
+                        f"the {probe.size} found",
+                        stacklevel=3,
+                    )
             elif self.policy.probe_size is not None and probe.size < self.policy.probe_size:
                 among = f", {probe.size} of them classified correctly" if self.policy.correct_only else ""
                 warnings.warn(

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from dlguard.callbacks import (
     FailureReplay,
@@ -17,6 +20,8 @@ from dlguard.callbacks import (
 )
 from tests.callbacks.projects import DigitDicts, NormalizedDigits, normalize
 from tests.quick import logged_by_epoch, quick_trainer
+
+KEYS = ("image", "label")
 
 
 def names(callbacks: list) -> list[str]:
@@ -61,3 +66,45 @@ def test_a_fit_of_a_user_s_project_logs_finite_numbers_and_feeds_failures_back(t
     prefixes = {key.split("/")[0] for row in logged.values() for key in row}  # budget: not all every epoch
     assert {"dscore", "robustness", "hda", "metamorphic", "relevancy", "replay", "originals"} <= prefixes
     assert logged[1]["replay/rows"] > 0 and logged[1]["originals/rows"] > 0  # the first epoch's failures, fed back
+
+
+def _bundle(tmp_path: Path) -> list:
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_top_k=-1, every_n_epochs=1)
+    return [*closed_loop_callbacks(masks=lambda x: x[:, 0] > 0.3, preprocess=normalize, batch_keys=KEYS), checkpoints]
+
+
+@pytest.mark.slow
+def test_resumed_with_two_validation_loaders_it_trains_and_measures_what_an_uninterrupted_run_does(
+    tmp_path: Path,
+) -> None:
+    """The eight callbacks share one bank, and the noise, the guides and the keeper each draw from their own
+    generators: a run resumed after epoch 0 must replay, append and log what the whole run did, say nothing
+    about its probe sets that the whole run did not, and end on the same weights, with two validation
+    loaders cut short by ``limit_val_batches``."""
+    data = {"val_splits": (300, 300)}
+    whole = quick_trainer(tmp_path / "whole", _bundle(tmp_path / "whole"), epochs=3, val_batches=4)
+    whole_model = NormalizedDigits()
+    with warnings.catch_warnings(record=True) as whole_said:
+        warnings.simplefilter("always")
+        whole.fit(whole_model, datamodule=DigitDicts(**data))
+    first_epoch = next((tmp_path / "whole" / "checkpoints").glob("epoch=0*.ckpt"))
+    callbacks = _bundle(tmp_path / "resumed")
+    resumed = quick_trainer(tmp_path / "resumed", callbacks, epochs=3, val_batches=4)
+    resumed_model = NormalizedDigits()
+    with warnings.catch_warnings(record=True) as resumed_said:
+        warnings.simplefilter("always")
+        resumed.fit(resumed_model, datamodule=DigitDicts(**data), ckpt_path=first_epoch)
+    expected = logged_by_epoch(tmp_path / "whole" / "metrics.csv")
+    got = logged_by_epoch(tmp_path / "resumed" / "metrics.csv")
+    replay = next(c for c in callbacks if isinstance(c, FailureReplay))
+    assert replay.replayed > 0 and got[2]["originals/rows"] > 0  # fed back after the restart
+    assert {"val_acc/dataloader_idx_0", "val_acc/dataloader_idx_1"} <= got[2].keys()
+    assert sorted(got) == [1, 2]
+    probe_notes = [
+        {str(w.message) for w in said if "probe set" in str(w.message)} for said in (whole_said, resumed_said)
+    ]
+    assert probe_notes[1] <= probe_notes[0]  # the sets found again are the sets in use: nothing new to say
+    for epoch in (1, 2):
+        assert got[epoch] == expected[epoch], epoch
+    weights, resumed_weights = whole_model.state_dict(), resumed_model.state_dict()
+    assert all(torch.equal(weights[key], resumed_weights[key]) for key in weights)

@@ -144,6 +144,21 @@ def test_restore_warns_when_some_inputs_are_missing() -> None:
     assert torch.equal(restored.inputs, probe.inputs[4:])
 
 
+def test_a_restored_set_smaller_than_the_policy_s_size_is_found_again_without_a_word() -> None:
+    """A set a budget cut to 16 inputs, found again after a resume: nothing is missing and no input was
+    refused, so nothing is said (the old check read the policy's 500 and blamed misclassified inputs)."""
+    x, y, correct = dataset()
+    first = ProbeSetDraw(ProbeSetPolicy(probe_size=500, correct_only=True))
+    first.add(x, y, correct)
+    probe = first.finish(limit=lambda seen: 16)
+    again = ProbeSetDraw(ProbeSetPolicy(probe_size=500, correct_only=True), restore=probe.all_keys)
+    again.add(x, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        restored = again.finish()
+    assert probe.size == 16 and torch.equal(restored.all_keys, probe.all_keys)
+
+
 def test_restore_with_nothing_found_is_an_error() -> None:
     x, y, _ = dataset()
     first = ProbeSetDraw(ProbeSetPolicy(probe_size=5))
