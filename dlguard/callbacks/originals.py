@@ -39,7 +39,7 @@ class _Keeper(Callback):
 class KeepOriginals(Callback):
     """Appends to each training batch the original of every row dlguard's loops changed in it.
 
-    dlguard's loops change training rows in place: a guide (``ScoreGuidedPadding``,
+    dlguard's loops substitute training rows: a guide (``ScoreGuidedPadding``,
     ``ErrorGuidedAugmentation``) transforms them and :class:`FailureReplay` puts stored failures in
     their stead, so a row a loop changes is not trained on as the loader gave it in that epoch. The
     papers' retraining instead *adds* the test cases it found to the training set; so does batch
