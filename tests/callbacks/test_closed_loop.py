@@ -15,6 +15,7 @@ from dlguard.callbacks import (
     GaussianNoise,
     KeepOriginals,
     ObjectRelevancyCallback,
+    ProbeCallback,
     RobustnessCallback,
     closed_loop_callbacks,
 )
@@ -35,7 +36,7 @@ def test_without_masks_or_noise_those_callbacks_are_left_out_and_the_rest_keep_t
 
 
 def test_every_callback_gets_the_project_s_settings() -> None:
-    keys, seed = ("image", "label"), 7
+    keys, seed = KEYS, 7
     callbacks = closed_loop_callbacks(masks="mask", preprocess=normalize, batch_keys=keys, seed=seed, max_sigma=0.1)
     assert callbacks[0].max_sigma == 0.1 and all(c.batch_keys == keys for c in callbacks)
     probes = [c for c in callbacks if not isinstance(c, GaussianNoise | FailureReplay | KeepOriginals)]
@@ -57,7 +58,7 @@ def test_bad_arguments_are_named(options: dict, message: str) -> None:
 def test_a_fit_of_a_user_s_project_logs_finite_numbers_and_feeds_failures_back(tmp_path: Path) -> None:
     callbacks = closed_loop_callbacks(
         masks=lambda x: x[:, 0] > 0.3, preprocess=normalize, output_transform=lambda out: out["logits"],
-        batch_keys=("image", "label"),
+        batch_keys=KEYS,
     )  # fmt: skip
     trainer = quick_trainer(tmp_path, callbacks, epochs=3, train_batches=3, val_batches=20)
     trainer.fit(NormalizedDigits(output_dict=True), datamodule=DigitDicts())
@@ -82,7 +83,8 @@ def test_resumed_with_two_validation_loaders_it_trains_and_measures_what_an_unin
     about its probe sets that the whole run did not, and end on the same weights, with two validation
     loaders cut short by ``limit_val_batches``."""
     data = {"val_splits": (300, 300)}
-    whole = quick_trainer(tmp_path / "whole", _bundle(tmp_path / "whole"), epochs=3, val_batches=4)
+    whole_callbacks = _bundle(tmp_path / "whole")
+    whole = quick_trainer(tmp_path / "whole", whole_callbacks, epochs=3, val_batches=4)
     whole_model = NormalizedDigits()
     with warnings.catch_warnings(record=True) as whole_said:
         warnings.simplefilter("always")
@@ -96,8 +98,14 @@ def test_resumed_with_two_validation_loaders_it_trains_and_measures_what_an_unin
         resumed.fit(resumed_model, datamodule=DigitDicts(**data), ckpt_path=first_epoch)
     expected = logged_by_epoch(tmp_path / "whole" / "metrics.csv")
     got = logged_by_epoch(tmp_path / "resumed" / "metrics.csv")
-    replay = next(c for c in callbacks if isinstance(c, FailureReplay))
-    assert replay.replayed > 0 and got[2]["originals/rows"] > 0  # fed back after the restart
+    assert got[1]["replay/rows"] > 0 and got[2]["originals/rows"] > 0  # fed back after the restart
+    # the sets measured on after the restart are the whole run's: HDA's, found again, and D-Score's, drawn at
+    # epoch 2 (the others measure at epoch 0 only: they save up their budget after it)
+    measured = {}
+    for before, after in zip(whole_callbacks, callbacks, strict=True):
+        if isinstance(after, ProbeCallback) and after.probe_set() is not None:
+            measured[type(after).__name__] = torch.equal(after.probe_set().all_keys, before.probe_set().all_keys)
+    assert measured == {"DScoreCallback": True, "HDACallback": True}
     assert {"val_acc/dataloader_idx_0", "val_acc/dataloader_idx_1"} <= got[2].keys()
     assert sorted(got) == [1, 2]
     probe_notes = [

@@ -14,14 +14,16 @@ from dlguard.zoo import ClassifierModule
 from tests.callbacks.test_object_relevancy_ddp import SceneDigits
 from tests.quick import logged_by_epoch, quick_trainer, split_spent
 
-FED_BACK = ("replay/", "originals/")  # each process feeds back its own shard's rows: not one process's numbers
+# each process trains its own batch into its own bank (capacity per origin and process): the rows fed back and
+# the failures held are summed over processes, not what one process reports
+FED_BACK = ("replay/", "originals/")
 
 
 def test_the_bundle_pickles() -> None:
-    """ddp_spawn pickles the callbacks; the copies must still share one bank."""
+    """ddp_spawn pickles the callbacks; the copies must still share one bank, the replay's."""
     copies = pickle.loads(pickle.dumps(closed_loop_callbacks(masks=2)))
-    banks = {id(c.bank) for c in copies if getattr(c, "bank", None) is not None}
-    assert len(copies) == 8 and len(banks) == 1
+    replay = copies[-2]
+    assert len(copies) == 8 and sum(getattr(c, "bank", None) is replay.bank for c in copies) == 5
 
 
 def _run(tmp_path: Path, devices: int) -> dict[int, dict[str, float]]:
@@ -43,12 +45,19 @@ def test_two_processes_measure_what_one_process_measures(tmp_path: Path) -> None
     assert sorted(single_epochs) == sorted(double_epochs) == [0, 1]
     measured = set()
     for epoch in (0, 1):
-        single, _ = split_spent({k: v for k, v in single_epochs[epoch].items() if not k.startswith(FED_BACK)})
-        double, _ = split_spent({k: v for k, v in double_epochs[epoch].items() if not k.startswith(FED_BACK)})
-        assert single.keys() == double.keys(), epoch
+        single, spent_one = split_spent({k: v for k, v in single_epochs[epoch].items() if not k.startswith(FED_BACK)})
+        double, spent_two = split_spent({k: v for k, v in double_epochs[epoch].items() if not k.startswith(FED_BACK)})
+        assert single.keys() == double.keys() and spent_one.keys() == spent_two.keys(), epoch
         for key, value in single.items():
             assert double[key] == pytest.approx(value, abs=1e-6), (epoch, key)
-        measured |= {key.split("/")[0] for key in single if not key.startswith("val_")}
+        # the budget cut both runs' sets alike; the second process adds its own one-input checks (HDA's search
+        # a few more: tests/callbacks/test_hda_ddp.py)
+        most = {"hda/forward_passes": 8}
+        assert all(0 <= spent_two[k] - spent_one[k] <= most.get(k, 2) for k in spent_one), (spent_one, spent_two)
+        measured |= {key.split("/")[0] for key in single}
         assert all(math.isfinite(v) for v in double_epochs[epoch].values())
-    assert {"robustness", "hda", "metamorphic", "relevancy"} <= measured  # D-Score starts at epoch 2
-    assert double_epochs[1]["replay/rows"] > 0 and double_epochs[1]["originals/rows"] > 0  # fed back in both
+    # D-Score starts at epoch 2: tests/callbacks/test_dscore_ddp.py holds it to 1 process's numbers
+    assert {"robustness", "hda", "metamorphic", "relevancy"} <= measured
+    for epochs in (single_epochs, double_epochs):  # fed back in both runs
+        assert epochs[1]["replay/rows"] > 0 and epochs[1]["originals/rows"] > 0
+    assert double_epochs[1]["replay/failures"] >= single_epochs[1]["replay/failures"]  # two banks, summed
