@@ -59,7 +59,8 @@ to the training batches differs:
   ``dlguard.callbacks.closed_loop_callbacks(masks=..., seed=seed)`` (README, "The anchored run's callbacks
   in a project of your own"): the anchored arm of ``anchor.py`` with README's flags, its noise the
   library's ``GaussianNoise`` (draws keyed by content and epoch) instead of ``--on noise``'s global-RNG draws;
-  the loops' flags do not reach it, and ``--on`` is refused;
+  the loops' flags do not reach it but ``--properties``, which replaces its robustness loop's (default: the
+  call's own, framework and capture), and ``--on`` is refused;
 - each loop's open-loop control, ``<loop>-open``: the same generator's test cases, *not* chosen by
   detection, at the same dose. The loop's run is recorded -- how many failures it deposited at
   which validation, its replay fraction, its guide's strength in each epoch -- and the control
@@ -666,6 +667,9 @@ stream (common random numbers: the same shuffles and guide draws as the loop's r
 global RNG, which also moves training's shuffles (every run before 2026-11-27 drew so)."""
 PROPERTIES: list[str] = ["framework"]
 """The property presets the robustness loop sweeps, its guide applies and its control draws (``--properties``)."""
+LIBRARY_PROPERTIES: list[str] = []
+"""``--properties`` as given, for ``closed_loop_callbacks``' robustness loop; empty (no flag): the call's own default,
+the framework's trio and ``capture`` (the loops' default, ``framework`` alone, is not the call's)."""
 COMBINED: list[str] = []
 """The loops the ``dlguard`` arm combines (``--combine``), in this order; empty: the setting's, ``COMBINE_ORDER``."""
 COMBINE_ORDER = ("dscore", "robustness", "hda", "metamorphic", "relevancy")
@@ -681,7 +685,8 @@ CONTROLS = ("robustness-open", "dscore-open", "hda-open", "hda-pgd", "metamorphi
 LIBRARY = "closed_loop_callbacks"
 """The arm a project gets from one library call: ``dlguard.callbacks.closed_loop_callbacks(masks=2, seed=seed)``
 as README gives it (its own keyed ``GaussianNoise`` under the loops, so no ``--on``; the loops' flags do not reach
-it). What ``anchor.py``'s ``dlguard`` arm with README's flags runs, but with the library's noise draws."""
+it, but ``--properties``, when given, replaces its robustness loop's). What ``anchor.py``'s ``dlguard`` arm with
+README's flags runs, but with the library's noise draws."""
 ARMS = ("plain", *STANDARD, *REFERENCES, *LOOPS, *CONTROLS, LIBRARY)
 
 
@@ -810,7 +815,9 @@ def make_arm(arm_name: str, setting: Setting, seed: int, doses: dict[str, Any]) 
     if arm_name == LIBRARY:  # the validation batches' third field holds the scenes' masks
         if ON:
             raise SystemExit(f"--on: {LIBRARY} brings its own noise under the loops; leave --on out")
-        return Arm(closed_loop_callbacks(masks=2 if setting.val_masks is not None else None, seed=seed))
+        properties = robustness_properties() if LIBRARY_PROPERTIES else None  # None: the call's own default
+        masks = 2 if setting.val_masks is not None else None
+        return Arm(closed_loop_callbacks(masks=masks, properties=properties, seed=seed))
     if arm_name in LOOPS:
         arm = loop_arm(arm_name, setting, seed)
     else:
@@ -937,6 +944,8 @@ def given_options(arm_name: str, setting: Setting) -> dict[str, Any]:
         "metamorphic": ["metamorphic", *(["violation_guide", "spread"] if VIOLATION_GUIDE else []), "replay", "bank"],
         "relevancy": ["relevancy", "replay", "bank"],
     }
+    if arm_name == LIBRARY:  # only --properties reaches the call, and only when given
+        return {"properties": list(LIBRARY_PROPERTIES)} if LIBRARY_PROPERTIES else {}
     if loop == "dlguard":
         names = [name for part in combined_loops(setting) for name in flags[part]]
     elif loop in flags:
@@ -1216,8 +1225,9 @@ def main() -> None:
         help="a control's guide draws as its loop's guide does (loop) or from the global RNG (global, runs before it)",
     )  # fmt: skip
     parser.add_argument(
-        "--properties", nargs="+", choices=tuple(PROPERTY_PRESETS), default=["framework"],
-        help="the robustness loop's property presets (their union; a repeated name keeps the first preset's)",
+        "--properties", nargs="+", choices=tuple(PROPERTY_PRESETS), default=None,
+        help="the robustness loop's property presets (their union; a repeated name keeps the first preset's); "
+        f"default framework, for {LIBRARY} the call's own (framework capture)",
     )  # fmt: skip
     parser.add_argument(
         "--on", choices=tuple(STANDARD), default=None,
@@ -1248,7 +1258,8 @@ def main() -> None:
     COMBINED[:] = args.combine
     SPREAD[:] = [args.spread]
     CONTROL_DRAWS[:] = [args.control_draws]
-    PROPERTIES[:] = args.properties
+    PROPERTIES[:] = args.properties or ["framework"]
+    LIBRARY_PROPERTIES[:] = args.properties or []
     JUDGED[:] = [args.judge]
     ON[:] = [args.on] if args.on else []
     VIOLATION_GUIDE[:] = [] if args.violation_guide is None else [True]  # the flag alone: the guide's defaults

@@ -15,7 +15,13 @@ from dlguard.augment.follow_ups import (
 )
 from dlguard.augment.guide import Guide
 from dlguard.augment.photometric import RandomBrightnessScale, RandomBrightnessShift, RandomNoise
-from dlguard.augment.presets import PROPERTY_PRESETS, capture_properties, label_preserving_properties, property_preset
+from dlguard.augment.presets import (
+    PROPERTY_PRESETS,
+    capture_properties,
+    exposure_properties,
+    label_preserving_properties,
+    property_preset,
+)
 from dlguard.augment.properties import Property, deeptest_properties, default_properties
 from dlguard.augment.region_translate import RegionTranslate
 from dlguard.augment.score_guided_padding import ScoreGuidedPadding
@@ -40,6 +46,7 @@ __all__ = [
     "capture_properties",
     "deeptest_properties",
     "default_properties",
+    "exposure_properties",
     "follow_up_layout",
     "guide_p",
     "label_preserving_properties",

@@ -19,11 +19,17 @@ from torch import Tensor
 from dlguard.augment.functional._params import by_level
 from dlguard.augment.functional.blur import gaussian_blur
 from dlguard.augment.functional.geometric import rotation, scaling, shearing, translation
-from dlguard.augment.functional.photometric import brightness_shift, contrast, reduced_contrast
+from dlguard.augment.functional.photometric import brightness_scale, brightness_shift, contrast, reduced_contrast
 from dlguard.augment.functional.resolution import pixelate
 from dlguard.augment.properties import Property, deeptest_properties, default_properties
 
-__all__ = ["PROPERTY_PRESETS", "capture_properties", "label_preserving_properties", "property_preset"]
+__all__ = [
+    "PROPERTY_PRESETS",
+    "capture_properties",
+    "exposure_properties",
+    "label_preserving_properties",
+    "property_preset",
+]
 
 
 def _translation_of_side(images: Tensor, fraction: Tensor) -> Tensor:
@@ -101,11 +107,40 @@ def capture_properties() -> list[Property]:
     ]
 
 
+def _exposure_lowered(images: Tensor, reduction: Tensor | float) -> Tensor:
+    """Every pixel scaled by ``1 - reduction``: less light on the sensor (the framework's ``β·x``, ``β < 1``)."""
+    return brightness_scale(images, 1 - reduction)
+
+
+def exposure_properties() -> list[Property]:
+    """An underexposed capture: every pixel's value lowered by 20-70 %, ``(1 - r)·x``; 4 copies of each input.
+
+    The papers' photometric changes only brighten (the framework's ``β·x`` with ``β`` 1.2-3.0,
+    DeepTest's ``x + β`` and ``α·x`` with ``α > 1``) and :func:`capture_properties`' lowered contrast
+    keeps each image's mean, so none of them shows a network a dark picture: an exposure too short,
+    a dim room, a dusk. This is the framework's brightness
+    (:func:`~dlguard.augment.functional.brightness_scale`) with ``β = 1 - r`` below 1. Pass it beside
+    the others, e.g. ``--properties framework capture exposure``. Needs images ``(B, C, H, W)`` in
+    ``[0, 1]`` and draws no random numbers.
+
+    Example:
+        >>> import torch
+        >>> (dark,) = exposure_properties()
+        >>> dark.name, dark.levels
+        ('underexposure', (0.2, 0.4, 0.6, 0.7))
+        >>> ramp = torch.linspace(0, 1, 5).expand(1, 1, 5, 5)
+        >>> [round(v, 3) for v in dark(ramp, 0.6)[0, 0, 0].tolist()]  # 40 % of the light, black stays black
+        [0.0, 0.1, 0.2, 0.3, 0.4]
+    """
+    return [Property("underexposure", _exposure_lowered, (0.2, 0.4, 0.6, 0.7), deterministic=True)]
+
+
 PROPERTY_PRESETS: dict[str, Callable[[], list[Property]]] = {
     "label_preserving": label_preserving_properties,
     "deeptest_roads": deeptest_properties,
     "framework": default_properties,
     "capture": capture_properties,
+    "exposure": exposure_properties,
 }
 """Preset name -> the function making its property list (a fresh list each call)."""
 
@@ -117,7 +152,8 @@ def property_preset(name: object, argument: str = "properties") -> list[Property
     - ``"deeptest_roads"``: :func:`~dlguard.augment.deeptest_properties`, DeepTest's Table 4 for
       640x480 road frames, plus fog and rain;
     - ``"framework"``: :func:`~dlguard.augment.default_properties`, the comprehensive framework's trio;
-    - ``"capture"``: :func:`capture_properties`, lowered contrast, defocus and pixelation.
+    - ``"capture"``: :func:`capture_properties`, lowered contrast, defocus and pixelation;
+    - ``"exposure"``: :func:`exposure_properties`, an underexposed picture.
 
     Raises:
         ValueError: naming ``argument``, for a name that is not a preset.

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
-from dlguard.augment import ErrorGuidedAugmentation, ScoreGuidedPadding, capture_properties, default_properties
+from dlguard.augment import (
+    ErrorGuidedAugmentation,
+    Property,
+    ScoreGuidedPadding,
+    capture_properties,
+    default_properties,
+)
 from dlguard.callbacks.dscore import DScoreCallback
 from dlguard.callbacks.hda import HDACallback
 from dlguard.callbacks.metamorphic import MetamorphicCallback
@@ -29,6 +35,7 @@ def closed_loop_callbacks(
     output_transform: Callable[[Any], Tensor] | None = None,
     batch_keys: BatchKeys = (0, 1),
     max_sigma: float | None = 0.3,
+    properties: Sequence[Property] | None = None,
     seed: int = 0,
 ) -> list[Callback]:
     """The callbacks of the closed-loop benchmark's anchored arm, in their order, for a project's own ``Trainer``.
@@ -61,6 +68,9 @@ def closed_loop_callbacks(
         output_transform: turns the model's output into logits.
         batch_keys: where the inputs and targets are in each batch.
         max_sigma: the noise's largest ``σ``; ``None`` leaves the noise out.
+        properties: what the robustness loop measures and its guide applies; ``None``: the framework's
+            trio and the ``"capture"`` preset (3 above). E.g. add
+            :func:`~dlguard.augment.exposure_properties`' darker pictures.
         seed: every callback's seed (the global seed does not set their draws: give each run of a
             multi-seed study its own).
 
@@ -76,7 +86,7 @@ def closed_loop_callbacks(
     common: dict[str, Any] = {
         "preprocess": preprocess, "output_transform": output_transform, "batch_keys": batch_keys, "seed": seed
     }  # fmt: skip
-    properties = [*default_properties(), *capture_properties()]
+    properties = [*default_properties(), *capture_properties()] if properties is None else list(properties)
     replay = FailureReplay(batch_keys=batch_keys, seed=seed)
     noise = [] if max_sigma is None else [GaussianNoise(max_sigma, batch_keys=batch_keys, seed=seed)]
     relevancy = [] if masks is None else [ObjectRelevancyCallback(masks=masks, bank=replay.bank, **common)]

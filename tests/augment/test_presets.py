@@ -10,6 +10,7 @@ from dlguard.augment import (
     PROPERTY_PRESETS,
     capture_properties,
     deeptest_properties,
+    exposure_properties,
     label_preserving_properties,
     property_preset,
 )
@@ -70,8 +71,9 @@ def test_limits_are_relative_to_the_image(preset: Callable[[], list], name: str)
 def test_presets_are_named_and_an_unknown_name_lists_them() -> None:
     assert [p.name for p in property_preset("deeptest_roads")] == [p.name for p in deeptest_properties()]
     assert sum(len(p.levels) for p in property_preset("label_preserving")) == 36
-    assert list(PROPERTY_PRESETS) == ["label_preserving", "deeptest_roads", "framework", "capture"]
+    assert list(PROPERTY_PRESETS) == ["label_preserving", "deeptest_roads", "framework", "capture", "exposure"]
     assert [p.name for p in property_preset("capture")] == ["reduced_contrast", "defocus", "low_resolution"]
+    assert [p.name for p in property_preset("exposure")] == ["underexposure"]
     with pytest.raises(ValueError, match=r"transformations: no preset named 'roads'; choose from \['label_preserving'"):
         property_preset("roads", argument="transformations")
     with pytest.raises(ValueError, match="properties: no preset named 3"):
@@ -96,6 +98,26 @@ def test_reduced_contrast_pulls_each_image_towards_its_own_mean_grey_level() -> 
     prop = by_name(capture_properties())["reduced_contrast"]
     assert torch.allclose(prop(images, reduction), expected, atol=1e-6)
     assert float(prop(images, 0.7)[2].max()) < 0.2  # the dark image stays dark
+
+
+def test_underexposure_scales_every_pixel_down_and_keeps_black_black(digits) -> None:
+    images = torch.rand(3, 3, 8, 8, generator=torch.Generator().manual_seed(4))
+    (prop,) = exposure_properties()
+    reduction = torch.tensor([0.2, 0.6, 0.7])
+    expected = torch.stack([images[0] * 0.8, images[1] * 0.4, images[2] * 0.3])  # by hand: (1 - r)·x
+    assert torch.allclose(prop(images, reduction), expected, atol=1e-6)
+    assert torch.equal(prop(torch.zeros(1, 1, 4, 4), 0.7), torch.zeros(1, 1, 4, 4))
+    means = [float(prop(digits, level).mean()) for level in prop.levels]  # darker with every level, never below 0
+    assert all(b < a for a, b in pairwise([float(digits.mean()), *means]))
+    assert float(prop(digits, prop.levels[-1]).min()) >= 0.0
+    with pytest.raises(ValueError, match="images: expected values in"):
+        prop(images * 3, 0.5)
+    with pytest.raises(ValueError, match="images: expected floating-point values"):
+        prop((images * 255).to(torch.uint8), 0.5)
+    with pytest.raises(ValueError, match="images: contains NaN"):
+        prop(images.clone().index_fill_(0, torch.tensor([1]), float("nan")), 0.5)
+    with pytest.raises(ValueError, match=r"images: property 'underexposure' needs images \(B, C, H, W\)"):
+        prop(torch.rand(3, 8), 0.5)
 
 
 def test_low_resolution_is_block_averaging_shown_at_full_size() -> None:

@@ -151,6 +151,32 @@ def test_the_benchmark_s_library_arm_is_the_readme_call_with_its_seed(monkeypatc
         cl.make_arm(cl.LIBRARY, scenes, 0, {})
 
 
+def test_properties_reach_the_library_arm_only_when_given_and_its_record_names_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No ``--properties``: the call's own framework + capture, and no flag in the label; given: the union of the
+    presets replaces its robustness loop's (guide alike), and the record keeps the flag, so the label tells it apart."""
+    split = (torch.rand(20, 3, 32, 32), torch.arange(20) % 10)
+    scenes = cl.Setting(split, split, split, cl.resnet18_cifar, val_masks=torch.ones(20, 32, 32))
+
+    def robustness_names() -> tuple[list[str], list[str]]:
+        (loop,) = [
+            c for c in cl.make_arm(cl.LIBRARY, scenes, 0, {}).callbacks if type(c).__name__ == "RobustnessCallback"
+        ]
+        return [p.name for p in loop.properties], [p.name for p in loop.guide.properties]
+
+    trio, capture = ["noise", "rotation", "brightness"], ["reduced_contrast", "defocus", "low_resolution"]
+    assert robustness_names() == (trio + capture, trio + capture)
+    assert cl.given_options(cl.LIBRARY, scenes) == {}
+    monkeypatch.setattr(cl, "LIBRARY_PROPERTIES", ["framework", "capture", "exposure"])
+    monkeypatch.setattr(cl, "PROPERTIES", ["framework", "capture", "exposure"])
+    assert robustness_names() == (trio + capture + ["underexposure"],) * 2
+    options = cl.given_options(cl.LIBRARY, scenes)
+    assert options == {"properties": ["framework", "capture", "exposure"]}
+    label = cl._label(cl.LIBRARY, [{"options": options}])
+    assert label == "closed_loop_callbacks [--properties framework capture exposure]"
+
+
 def test_the_library_arm_meets_the_goal_s_references_in_the_paired_table() -> None:
     results = {
         "plain": [{"seed": 0, "clean": 0.90, "pgd": 0.50, "mCA": 0.70}],

@@ -10,6 +10,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from dlguard.augment import capture_properties, default_properties, exposure_properties
 from dlguard.callbacks import (
     FailureReplay,
     GaussianNoise,
@@ -45,9 +46,24 @@ def test_every_callback_gets_the_project_s_settings() -> None:
     assert next(c for c in callbacks if isinstance(c, RobustnessCallback)).guide.strength == 0.125
 
 
+def test_the_robustness_loop_measures_and_guides_the_properties_given() -> None:
+    def loop(**options: object) -> RobustnessCallback:
+        return next(c for c in closed_loop_callbacks(**options) if isinstance(c, RobustnessCallback))
+
+    default = [p.name for p in loop().properties]
+    assert default == [p.name for p in [*default_properties(), *capture_properties()]]
+    given = [*default_properties(), *exposure_properties()]
+    chosen = loop(properties=tuple(given))
+    assert chosen.properties == given and chosen.guide.properties == given
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
-    [({"max_sigma": -1.0}, "max_sigma: expected a non-negative"), ({"masks": [1]}, "masks: expected a batch key")],
+    [
+        ({"max_sigma": -1.0}, "max_sigma: expected a non-negative"),
+        ({"masks": [1]}, "masks: expected a batch key"),
+        ({"properties": []}, "properties: expected at least one Property"),
+    ],
 )
 def test_bad_arguments_are_named(options: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
