@@ -698,3 +698,22 @@ def test_the_dose_records_every_guide_an_arm_combines(setting: cl.Setting, monke
     assert dose.record()["strength"] == [0.0, 0.0]  # the robustness guide has not measured yet
     alone = next(c for c in cl.loop_arm("robustness", setting, 0).callbacks if isinstance(c, cl.Dose))
     assert "guides" not in alone.record()
+
+
+def test_the_judge_s_contrast_is_a_gain_about_black_which_underexposure_draws_and_reduced_contrast_does_not() -> None:
+    """albumentations' lowered contrast scales every pixel towards 0 (a darker picture), not towards the image's
+    mean, so ``capture``'s ``reduced_contrast`` misses it and ``exposure``'s ``underexposure`` at ``r = c`` matches
+    it to uint8 rounding (docs/closed_loop.md, "Darker pictures")."""
+    pytest.importorskip("albumentations")
+    import _corruptions
+
+    from dlguard.augment import capture_properties, exposure_properties
+
+    images = torch.rand(4, 3, 16, 16, generator=torch.Generator().manual_seed(0)) * 0.5 + 0.25
+    contrast = _corruptions.corrupt(images)["contrast"]  # (5, N, C, H, W), severities 1-5
+    (dark,) = exposure_properties()
+    flat = next(p for p in capture_properties() if p.name == "reduced_contrast")
+    for severity, c in zip(range(5), (0.3, 0.45, 0.6, 0.7, 0.8), strict=True):
+        judged = contrast[severity]
+        assert (judged - dark(images, c)).abs().max() < 3 / 255, severity
+        assert (judged - flat(images, c)).abs().mean() > 0.15, severity  # about the mean: far brighter
