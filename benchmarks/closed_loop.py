@@ -6,7 +6,7 @@
                                      [--hda|--robustness|--metamorphic|--dscore|--relevancy KEY=VALUE ...]
                                      [--replay|--bank|--guide|--padding|--oracle KEY=VALUE ...]
                                      [--violation_guide [KEY=VALUE ...]] [--spread cell|property|even]
-                                     [--properties framework|label_preserving|deeptest_roads|capture ...]
+                                     [--properties framework|label_preserving|deeptest_roads|capture|exposure ...]
                                      [--control_draws loop|global] [--on augmix|trivialaugment|randaugment|noise]
                                      [--judge all|goal]
     python benchmarks/closed_loop.py --results results.json   # the tables of a file written by --out
@@ -60,7 +60,9 @@ to the training batches differs:
   in a project of your own"): the anchored arm of ``anchor.py`` with README's flags, its noise the
   library's ``GaussianNoise`` (draws keyed by content and epoch) instead of ``--on noise``'s global-RNG draws;
   the loops' flags do not reach it but ``--properties``, which replaces its robustness loop's (default: the
-  call's own, framework and capture), and ``--on`` is refused;
+  call's own, ``ROBUSTNESS_PRESETS``: framework, capture and exposure), and ``--on`` is refused; its records
+  name the presets unless they are ``framework capture``, the call's default until 2026-12-06, whose records
+  carry no options and keep the label ``closed_loop_callbacks``;
 - each loop's open-loop control, ``<loop>-open``: the same generator's test cases, *not* chosen by
   detection, at the same dose. The loop's run is recorded -- how many failures it deposited at
   which validation, its replay fraction, its guide's strength in each epoch -- and the control
@@ -158,6 +160,7 @@ from dlguard.callbacks import (
     RobustnessCallback,
     closed_loop_callbacks,
 )
+from dlguard.callbacks.closed_loop import ROBUSTNESS_PRESETS
 from dlguard.data import FailureBank, make_scenes
 from dlguard.data.mnist import embedded_mnist
 from dlguard.generate import PCADistribution, dscore_test, hda_test, objects_on_fresh_backgrounds, pgd
@@ -669,7 +672,10 @@ PROPERTIES: list[str] = ["framework"]
 """The property presets the robustness loop sweeps, its guide applies and its control draws (``--properties``)."""
 LIBRARY_PROPERTIES: list[str] = []
 """``--properties`` as given, for ``closed_loop_callbacks``' robustness loop; empty (no flag): the call's own default,
-the framework's trio and ``capture`` (the loops' default, ``framework`` alone, is not the call's)."""
+``ROBUSTNESS_PRESETS`` (the loops' default, ``framework`` alone, is not the call's)."""
+HISTORIC_LIBRARY_PRESETS = ["framework", "capture"]
+"""The call's robustness presets until 2026-12-06: its records then carried no ``options``, so runs of these presets
+label ``closed_loop_callbacks`` alone, and runs of any others (the default since included) name them."""
 COMBINED: list[str] = []
 """The loops the ``dlguard`` arm combines (``--combine``), in this order; empty: the setting's, ``COMBINE_ORDER``."""
 COMBINE_ORDER = ("dscore", "robustness", "hda", "metamorphic", "relevancy")
@@ -944,8 +950,9 @@ def given_options(arm_name: str, setting: Setting) -> dict[str, Any]:
         "metamorphic": ["metamorphic", *(["violation_guide", "spread"] if VIOLATION_GUIDE else []), "replay", "bank"],
         "relevancy": ["relevancy", "replay", "bank"],
     }
-    if arm_name == LIBRARY:  # only --properties reaches the call, and only when given
-        return {"properties": list(LIBRARY_PROPERTIES)} if LIBRARY_PROPERTIES else {}
+    if arm_name == LIBRARY:  # only --properties reaches the call; the label names its presets but the historic ones
+        presets = list(LIBRARY_PROPERTIES or ROBUSTNESS_PRESETS)
+        return {} if presets == HISTORIC_LIBRARY_PRESETS else {"properties": presets}
     if loop == "dlguard":
         names = [name for part in combined_loops(setting) for name in flags[part]]
     elif loop in flags:
@@ -1227,7 +1234,7 @@ def main() -> None:
     parser.add_argument(
         "--properties", nargs="+", choices=tuple(PROPERTY_PRESETS), default=None,
         help="the robustness loop's property presets (their union; a repeated name keeps the first preset's); "
-        f"default framework, for {LIBRARY} the call's own (framework capture)",
+        f"default framework, for {LIBRARY} the call's own ({' '.join(ROBUSTNESS_PRESETS)})",
     )  # fmt: skip
     parser.add_argument(
         "--on", choices=tuple(STANDARD), default=None,

@@ -39,13 +39,13 @@ def readme_callbacks() -> list[L.Callback]:
 def benchmark_callbacks(monkeypatch: pytest.MonkeyPatch) -> list[L.Callback]:
     """The anchored arm README gives the command of, seed 0, with the flags set as ``closed_loop.main`` sets them.
 
-    ``--on noise --arms dlguard --properties framework capture --combine dscore robustness hda metamorphic
+    ``--on noise --arms dlguard --properties framework capture exposure --combine dscore robustness hda metamorphic
     relevancy --guide strength=0.125 --padding "padding_mode='reflection'" --dscore "p_from='unpadded'"
     start_epoch=2``; the harness's ``Dose``, which only records, is left out.
     """
     monkeypatch.setattr(cl, "ON", ["noise"])
     monkeypatch.setattr(cl, "COMBINED", ["dscore", "robustness", "hda", "metamorphic", "relevancy"])
-    monkeypatch.setattr(cl, "PROPERTIES", ["framework", "capture"])
+    monkeypatch.setattr(cl, "PROPERTIES", ["framework", "capture", "exposure"])
     monkeypatch.setattr(cl, "SPREAD", ["cell"])
     monkeypatch.setattr(cl, "VIOLATION_GUIDE", [])
     for name, given in {
@@ -103,7 +103,7 @@ def test_the_readme_block_makes_the_benchmark_s_anchored_arm(monkeypatch: pytest
     assert dscore["p_from"] == "unpadded" and dscore["start_epoch"] == 2
     assert dscore["guide"] == ("ScoreGuidedPadding", {**dscore["guide"][1], "flags": {"padding_mode": "reflection"}})
     assert robustness["guide"][1]["strength"] == 0.125
-    assert {"reduced_contrast", "defocus", "low_resolution"} <= {name for name, *_ in robustness["properties"]}
+    assert {"reduced_contrast", "defocus", "underexposure"} <= {name for name, *_ in robustness["properties"]}
 
 
 def largest_sigma(underneath: cl.Underneath) -> float:
@@ -151,11 +151,12 @@ def test_the_benchmark_s_library_arm_is_the_readme_call_with_its_seed(monkeypatc
         cl.make_arm(cl.LIBRARY, scenes, 0, {})
 
 
-def test_properties_reach_the_library_arm_only_when_given_and_its_record_names_them(
+def test_properties_reach_the_library_arm_and_its_record_names_them_unless_they_are_the_historic_pair(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """No ``--properties``: the call's own framework + capture, and no flag in the label; given: the union of the
-    presets replaces its robustness loop's (guide alike), and the record keeps the flag, so the label tells it apart."""
+    """No ``--properties``: the call's own presets, named in the record as if given; given: the union of the presets
+    replaces its robustness loop's (guide alike); ``framework capture``, the call's default of the records without
+    options, labels as they do."""
     split = (torch.rand(20, 3, 32, 32), torch.arange(20) % 10)
     scenes = cl.Setting(split, split, split, cl.resnet18_cifar, val_masks=torch.ones(20, 32, 32))
 
@@ -166,15 +167,22 @@ def test_properties_reach_the_library_arm_only_when_given_and_its_record_names_t
         return [p.name for p in loop.properties], [p.name for p in loop.guide.properties]
 
     trio, capture = ["noise", "rotation", "brightness"], ["reduced_contrast", "defocus", "low_resolution"]
-    assert robustness_names() == (trio + capture, trio + capture)
-    assert cl.given_options(cl.LIBRARY, scenes) == {}
+    assert robustness_names() == (trio + capture + ["underexposure"],) * 2
+    default = cl.given_options(cl.LIBRARY, scenes)
+    assert default == {"properties": ["framework", "capture", "exposure"]}
+    label = cl._label(cl.LIBRARY, [{"options": default}])
+    assert label == "closed_loop_callbacks [--properties framework capture exposure]"
     monkeypatch.setattr(cl, "LIBRARY_PROPERTIES", ["framework", "capture", "exposure"])
     monkeypatch.setattr(cl, "PROPERTIES", ["framework", "capture", "exposure"])
-    assert robustness_names() == (trio + capture + ["underexposure"],) * 2
-    options = cl.given_options(cl.LIBRARY, scenes)
-    assert options == {"properties": ["framework", "capture", "exposure"]}
-    label = cl._label(cl.LIBRARY, [{"options": options}])
-    assert label == "closed_loop_callbacks [--properties framework capture exposure]"
+    assert cl.given_options(cl.LIBRARY, scenes) == default  # the flag given as the default labels as the default
+    monkeypatch.setattr(cl, "LIBRARY_PROPERTIES", ["framework", "capture"])
+    monkeypatch.setattr(cl, "PROPERTIES", ["framework", "capture"])
+    assert robustness_names() == (trio + capture,) * 2
+    assert cl.given_options(cl.LIBRARY, scenes) == {}  # as the records of the call before 2026-12-06
+    monkeypatch.setattr(cl, "LIBRARY_PROPERTIES", ["exposure"])
+    monkeypatch.setattr(cl, "PROPERTIES", ["exposure"])
+    assert robustness_names() == (["underexposure"],) * 2
+    assert cl.given_options(cl.LIBRARY, scenes) == {"properties": ["exposure"]}
 
 
 def test_the_library_arm_meets_the_goal_s_references_in_the_paired_table() -> None:

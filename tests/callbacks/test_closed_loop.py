@@ -50,8 +50,12 @@ def test_the_robustness_loop_measures_and_guides_the_properties_given() -> None:
     def loop(**options: object) -> RobustnessCallback:
         return next(c for c in closed_loop_callbacks(**options) if isinstance(c, RobustnessCallback))
 
-    default = [p.name for p in loop().properties]
-    assert default == [p.name for p in [*default_properties(), *capture_properties()]]
+    def named(properties: list) -> list[tuple[str, tuple]]:
+        return [(p.name, tuple(p.levels)) for p in properties]
+
+    default = loop()
+    assert named(default.properties) == named([*default_properties(), *capture_properties(), *exposure_properties()])
+    assert default.guide.properties == default.properties
     given = [*default_properties(), *exposure_properties()]
     chosen = loop(properties=tuple(given))
     assert chosen.properties == given and chosen.guide.properties == given
