@@ -366,8 +366,9 @@ def two_step_ga(
     also inside ``inference_mode``). Each seed draws its random numbers from its own generator on the
     model's device, seeded from ``seed`` and ``keys[i]``: a seed's result is a function of the seed alone,
     whatever the chunking, the other seeds or the number of processes -- bit for bit as long as the
-    model's output for a row does not depend on the size of its batch (true of the zoo models on CPU
-    for batches of 8 rows or more; cuBLAS may pick other kernels for other batch sizes).
+    model's output for a row does not depend on the size of its batch (CPU BLAS and cuBLAS may pick other
+    kernels for other batch sizes: on an Intel AVX-512 Xeon a small MLP's logits differ in the last bits
+    between passes of 8 rows and of 120, so chunkings agree there to rounding, not bit for bit).
 
     Args:
         model: the network or a :class:`~dlguard.probes.ModelAdapter` (``preprocess`` maps pixels for it).

@@ -170,7 +170,10 @@ def test_scene_masks_come_from_the_batch(tmp_path: Path) -> None:
     datamodule = SceneDataModule(batch_size=32)
     torch.manual_seed(0)
     trainer.validate(ClassifierModule(mnist_a(in_channels=3, input_size=32)), datamodule=datamodule, verbose=False)
-    assert set(logged_of(trainer)) == LOGGED
+    # an untrained network's near-uniform softmax: whether any of its 24 inferences is correct turns on the
+    # host's last bits (none on an Intel AVX-512 Xeon, some on an AMD EPYC); without one the rate has no value
+    correct = bool(callback.last_run.scores.correct.any())
+    assert set(logged_of(trainer)) == (LOGGED if correct else LOGGED - {"relevancy/unreliable_rate"})
     probe = callback.probe_set()
     scenes = datamodule.val_set
     keys = content_keys(scenes.images[:32], 0)

@@ -89,8 +89,21 @@ def test_examples_in_ball_and_adversarial_recomputed_independently() -> None:
     assert bool((result.ae_proportion[result.success] > 0).all())
 
 
+class RowByRow(nn.Module):
+    """``net`` one row at a time: a row's logits cannot depend on the size or company of its batch."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.cat([self.net(row) for row in x.split(1)])
+
+
 def test_deterministic_and_independent_of_chunking_and_batch_composition() -> None:
-    net, seeds = mlp(), seeds_16(5)
+    # bit for bit is promised where a row's output does not depend on its batch; a batched MLP's logits
+    # do on some processors (an Intel AVX-512 Xeon: other last bits for passes of 8 rows than of 120)
+    net, seeds = RowByRow(mlp()), seeds_16(5)
     labels = torch.tensor([0, 1, 2, 0, 1])
     options = {"population": 24, "iterations": 8, "elite": 4, "num_best": 3}
     together = two_step_ga(net, seeds, labels, 0.2, **options)

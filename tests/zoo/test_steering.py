@@ -13,9 +13,10 @@ from torch.utils.data import DataLoader, TensorDataset
 from dlguard.data.roads import make_roads
 from dlguard.zoo.pretrained import WEIGHTS_DIR, pretrained
 from dlguard.zoo.steering import SteeringModule, chauffeur_steering, epoch_steering
-from tests.zoo.shipped import SHIPPED_HERE, assert_like_shipped
+from tests.zoo.shipped import assert_like_shipped
 
 RECIPE = Path(__file__).parents[2] / "recipes" / "train_zoo.py"
+MAX_ANGLE_GAP = 0.005  # measured 0.0021 on an Intel AVX-512 Xeon (validation MSE 0.0070, untrained 0.051)
 
 
 def quiet_trainer(tmp_path: Path, **kwargs) -> L.Trainer:
@@ -146,14 +147,26 @@ def test_pretrained_road_epoch_is_small_and_far_better_than_the_mean() -> None:
 
 @pytest.mark.slow
 def test_recipe_reproduces_the_shipped_weights(tmp_path, monkeypatch) -> None:
-    """`python recipes/train_zoo.py road_epoch` on this platform gives the shipped float16 weights, bit for bit."""
+    """`python recipes/train_zoo.py road_epoch` on this platform trains the shipped network: same file layout, same
+    quality, steering angles closer to the shipped model's than to the truth (bit for bit only on some processors)."""
+    shipped_net = pretrained("road_epoch")
     monkeypatch.setattr(sys.modules["dlguard.zoo.pretrained"], "WEIGHTS_DIR", tmp_path)
     spec = importlib.util.spec_from_file_location("train_zoo", RECIPE)
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    assert recipe.train("road_epoch") < (0.015 if SHIPPED_HERE else 0.02)
+    mse = recipe.train("road_epoch")
+    assert mse < 0.02  # the shipped file: 0.0044; retrained 0.0070 on an Intel AVX-512 Xeon
     assert torch.get_num_threads() == threads and torch.are_deterministic_algorithms_enabled() == deterministic
     shipped = torch.load(WEIGHTS_DIR / "road_epoch.pt", weights_only=True)
     again = torch.load(tmp_path / "road_epoch.pt", weights_only=True)
     assert_like_shipped(shipped, again)
+    roads = make_roads(500, seed=2)  # RoadDataModule(seed=0)'s test set
+    torch.manual_seed(0)
+    untrained = epoch_steering().eval()
+    with torch.no_grad():
+        reference = shipped_net(roads.images)[:, 0]
+        gap = float((pretrained("road_epoch")(roads.images)[:, 0] - reference).square().mean())
+        untrained_gap = float((untrained(roads.images)[:, 0] - reference).square().mean())
+    print(f"retrained vs shipped angles: MSE {gap:.5f} (untrained {untrained_gap:.5f}, to the truth {mse:.5f})")
+    assert gap < min(MAX_ANGLE_GAP, mse) and untrained_gap > 5 * MAX_ANGLE_GAP

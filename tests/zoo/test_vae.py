@@ -14,8 +14,10 @@ from torch.utils.data import DataLoader, Subset
 from dlguard.data import MNISTDataModule
 from dlguard.zoo.pretrained import WEIGHTS_DIR, pretrained
 from dlguard.zoo.vae import VAE, VAEModule, elbo_loss
+from tests.zoo.shipped import assert_like_shipped
 
 RECIPE = Path(__file__).parents[2] / "recipes" / "train_zoo.py"
+MAX_RECONSTRUCTION_GAP = 0.002  # measured 0.00002 on an Intel AVX-512 Xeon, where the bits differ
 
 
 def test_structure_is_the_papers_mlp() -> None:
@@ -141,8 +143,10 @@ def test_pretrained_lists_the_vae_among_the_shipped_models() -> None:
 
 
 @pytest.mark.slow
-def test_recipe_reproduces_the_shipped_weights(tmp_path, monkeypatch) -> None:
-    """`python recipes/train_zoo.py vae_mnist` on this platform gives the shipped float16 weights, bit for bit."""
+def test_recipe_reproduces_the_shipped_weights(tmp_path, monkeypatch, val_loader: DataLoader) -> None:
+    """`python recipes/train_zoo.py vae_mnist` on this platform trains the shipped VAE: same file layout, same quality,
+    reconstructions far closer to the shipped model's than to the digits (bit for bit only on some processors)."""
+    shipped_vae = pretrained("vae_mnist")
     monkeypatch.setattr(sys.modules["dlguard.zoo.pretrained"], "WEIGHTS_DIR", tmp_path)
     spec = importlib.util.spec_from_file_location("train_zoo", RECIPE)
     recipe = importlib.util.module_from_spec(spec)
@@ -151,5 +155,14 @@ def test_recipe_reproduces_the_shipped_weights(tmp_path, monkeypatch) -> None:
     assert mse < 0.02
     shipped = torch.load(WEIGHTS_DIR / "vae_mnist.pt", weights_only=True)
     again = torch.load(tmp_path / "vae_mnist.pt", weights_only=True)
-    assert shipped.keys() == again.keys()
-    assert all(torch.equal(shipped[key], again[key]) for key in shipped)
+    assert_like_shipped(shipped, again)
+    retrained = pretrained("vae_mnist")
+    torch.manual_seed(0)
+    untrained = VAE().eval()
+    with torch.no_grad():
+        digits = torch.cat([x for x, _ in val_loader])
+        reference = shipped_vae(digits)[0]
+        gap = (retrained(digits)[0] - reference).square().mean().item()
+        untrained_gap = (untrained(digits)[0] - reference).square().mean().item()
+    print(f"retrained vs shipped reconstructions: MSE {gap:.5f} (untrained {untrained_gap:.5f}, digits {mse:.5f})")
+    assert gap < MAX_RECONSTRUCTION_GAP and untrained_gap > 10 * MAX_RECONSTRUCTION_GAP
