@@ -62,7 +62,13 @@ to the training batches differs:
   the loops' flags do not reach it but ``--properties``, which replaces its robustness loop's (default: the
   call's own, ``ROBUSTNESS_PRESETS``: framework, capture and exposure), and ``--on`` is refused; its records
   name the presets unless they are ``framework capture``, the call's default until 2026-12-06, whose records
-  carry no options and keep the label ``closed_loop_callbacks``;
+  carry no options and keep the label ``closed_loop_callbacks``; from 2026-12-06 they hold its dose too (each
+  detector's deposits by origin, its guides' strengths), so a rerun's record differs from an older one's there;
+- ``closed_loop_callbacks-open``, the call's open-loop control (after the call, same seeds): the call made afresh
+  with each detector replaced by its loop's control below, at the dose the call recorded -- D-Score's padding at
+  its root mean square ``p``, the robustness properties at random at the guide's strength in each epoch and as
+  cases, HDA's ball noise, the metamorphic transformations at random, random digits on fresh backgrounds --,
+  each depositing under its detector's origin into the call's own replay, beside its noise and ``KeepOriginals``;
 - each loop's open-loop control, ``<loop>-open``: the same generator's test cases, *not* chosen by
   detection, at the same dose. The loop's run is recorded -- how many failures it deposited at
   which validation, its replay fraction, its guide's strength in each epoch -- and the control
@@ -376,6 +382,42 @@ class Dose(L.Callback):
         return {"deposits": deposits, "strength": self.strength, **({"guides": self.guides} if self.guides else {})}
 
 
+class LibraryDose(Dose):
+    """The dose of ``closed_loop_callbacks``' loops: what each deposited in the call's one bank, at which validation.
+
+    Its robustness guide's strength in each epoch is ``strength``, D-Score's padding ``p`` is under ``guides``;
+    ``origins`` holds ``{origin: {epoch: failures}}`` (``deposits`` their sums), counted as the detectors add them
+    (the bank keeps the newest ``capacity`` per origin, so its length does not say). It only watches: the call's
+    fit is the one without it.
+    """
+
+    def __init__(self, callbacks: list[L.Callback]) -> None:
+        robustness = next(c for c in callbacks if isinstance(c, RobustnessCallback))
+        dscore = next(c for c in callbacks if isinstance(c, DScoreCallback))
+        bank = next(c for c in callbacks if isinstance(c, FailureReplay)).bank
+        super().__init__(None, robustness.guide, robustness, {"dscore": (dscore, dscore.guide)})
+        self.origins: dict[str, dict[str, int]] = {}
+        self._epoch = -1
+        add = bank.add
+
+        def counted(inputs: Tensor, labels: Tensor, origin: str) -> None:
+            add(inputs, labels, origin)
+            counts = self.origins.setdefault(origin, {})
+            counts[str(self._epoch)] = counts.get(str(self._epoch), 0) + len(labels)
+
+        bank.add = counted  # type: ignore[method-assign]
+
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._epoch = trainer.current_epoch
+
+    def record(self) -> dict[str, Any]:
+        deposits: dict[str, int] = {}
+        for counts in self.origins.values():
+            for epoch, count in counts.items():
+                deposits[epoch] = deposits.get(epoch, 0) + count
+        return {**super().record(), "deposits": deposits, "origins": self.origins}
+
+
 def _applied(guide: nn.Module, owner: L.Callback | None) -> float:
     """The strength ``guide`` transforms this epoch's batches at: 0 until ``owner`` has set it."""
     if owner is None or not owner._guide_ready():
@@ -406,8 +448,10 @@ class OpenLoop(L.Callback):
         strength: list[float] | None = None,
         seed: int = 0,
         twin: str | None = None,
+        origin: str = "open-loop",
     ) -> None:
         self.source, self.generate, self.deposits, self.bank = source, generate, deposits, bank
+        self.origin = origin  # the bank's origin of its cases: the loop's name where a control stands in a call's
         self.guide, self.strength = guide, strength or []
         self.generator = torch.Generator().manual_seed(seed)
         self.draws = None if twin is None else RankGenerator.named(seed, twin)  # the loop's guide's stream
@@ -440,7 +484,7 @@ class OpenLoop(L.Callback):
         with torch.random.fork_rng(devices=[]):  # the cases' own draws: training's RNG goes on as in the loop's run
             torch.manual_seed(int(torch.randint(2**31, (1,), generator=self.generator)))
             cases = self.generate(inputs[rows], labels[rows], pl_module)
-        self.bank.add(cases, labels[rows], origin="open-loop")
+        self.bank.add(cases, labels[rows], origin=self.origin)
         self.deposited[str(trainer.current_epoch)] = len(rows)
 
     def _rows(self, count: int) -> Tensor:
@@ -461,8 +505,8 @@ class RelevancyOpenLoop(OpenLoop):
     """
 
     def __init__(self, source: tuple[Tensor, Tensor], masks: Tensor, deposits: dict[str, int], bank: FailureBank,
-                 fresh: int, seed: int = 0) -> None:  # fmt: skip
-        super().__init__(source, None, deposits, bank, seed=seed)
+                 fresh: int, seed: int = 0, origin: str = "open-loop") -> None:  # fmt: skip
+        super().__init__(source, None, deposits, bank, seed=seed, origin=origin)
         self.masks, self.fresh = masks, fresh
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -472,7 +516,7 @@ class RelevancyOpenLoop(OpenLoop):
         (inputs, labels), rows = self.source, self._rows(-(-count // self.fresh))
         seed = int(torch.randint(2**31, (1,), generator=self.generator))
         moved = objects_on_fresh_backgrounds(inputs[rows], self.masks[rows], labels[rows], self.fresh, seed=seed)
-        self.bank.add(moved.inputs[:count], moved.labels[:count], origin="open-loop")
+        self.bank.add(moved.inputs[:count], moved.labels[:count], origin=self.origin)
         self.deposited[str(trainer.current_epoch)] = len(moved.inputs[:count])
 
 
@@ -655,6 +699,49 @@ def open_arm(name: str, setting: Setting, seed: int, dose: dict[str, Any]) -> Ar
     return Arm([control, FailureReplay(bank=bank, seed=seed, **OPTIONS["replay"])])
 
 
+def library_open_arm(setting: Setting, seed: int, dose: dict[str, Any]) -> Arm:
+    """``closed_loop_callbacks``' open-loop control: every loop of the call replaced by its control, at its dose.
+
+    The call is made afresh and its detectors left out: its noise, its ``FailureReplay`` (on its own, empty bank)
+    and its ``KeepOriginals`` stay as they are, in their places. In the detectors' places, in their order: D-Score's
+    padding at the root mean square of the ``p`` the call padded at, every epoch from the first (as
+    ``dscore-open``); the robustness loop's properties at random (cases) and, as its guide, at the call's guide's
+    strength in each epoch, uniform over classes and properties; HDA's ``radius``-ball noise; the metamorphic
+    loop's transformations at random; objects of random validation scenes on fresh backgrounds. Each deposits as
+    many cases as its detector did at the same validations, under the detector's origin, so the replay draws
+    them in the call's proportions.
+    """
+    masks = 2 if setting.val_masks is not None else None
+    properties = robustness_properties() if LIBRARY_PROPERTIES else None
+    call = closed_loop_callbacks(masks=masks, properties=properties, seed=seed)
+    found = {type(c): c for c in call}
+    replay = found[FailureReplay]
+    origins = dose["origins"]
+    strength = dose["guides"]["dscore"]
+    rms = math.sqrt(mean(p * p for p in strength)) if strength else 0.0
+    padding_mode = found[DScoreCallback].guide.flags["padding_mode"]
+    robustness = found[RobustnessCallback].properties
+    controls: list[L.Callback] = [
+        OpenLoop(setting.val, None, {}, None, guide=ScoreGuidedPadding(p=rms, padding_mode=padding_mode), seed=seed,
+                 twin=_twin(DScoreCallback)),
+        OpenLoop(setting.val, random_properties(robustness), origins.get("robustness", {}), replay.bank,
+                 guide=ErrorGuidedAugmentation(robustness, strength=1.0), strength=dose["strength"], seed=seed + 1,
+                 twin=_twin(RobustnessCallback), origin="robustness"),
+        OpenLoop(setting.val, ball_noise(found[HDACallback].radius), origins.get("hda", {}), replay.bank,
+                 seed=seed + 2, origin="hda"),
+        OpenLoop(setting.val, random_properties(found[MetamorphicCallback].properties), origins.get("metamorphic", {}),
+                 replay.bank, seed=seed + 3, origin="metamorphic"),
+    ]  # fmt: skip
+    if masks is not None:
+        fresh = max(1, found[ObjectRelevancyCallback].fresh_backgrounds)
+        controls.append(RelevancyOpenLoop(setting.val, setting.val_masks, origins.get("relevancy", {}), replay.bank,
+                                          fresh, seed=seed + 4, origin="relevancy"))  # fmt: skip
+    before = [c for c in call if not isinstance(c, (FailureReplay, KeepOriginals)) and type(c) not in LOOP_TYPES]
+    return Arm([*before, *controls, replay, found[KeepOriginals]])
+
+
+LOOP_TYPES = (DScoreCallback, RobustnessCallback, HDACallback, MetamorphicCallback, ObjectRelevancyCallback)
+"""The detectors of ``closed_loop_callbacks``, which its control replaces."""
 LOOPS = ("robustness", "dscore", "hda", "metamorphic", "relevancy", "dlguard")
 GUIDED = ("robustness", "dscore")
 """Loops with a guide whatever the flags (the metamorphic loop has one with ``--violation_guide``)."""
@@ -693,7 +780,10 @@ LIBRARY = "closed_loop_callbacks"
 as README gives it (its own keyed ``GaussianNoise`` under the loops, so no ``--on``; the loops' flags do not reach
 it, but ``--properties``, when given, replaces its robustness loop's). What ``anchor.py``'s ``dlguard`` arm with
 README's flags runs, but with the library's noise draws."""
-ARMS = ("plain", *STANDARD, *REFERENCES, *LOOPS, *CONTROLS, LIBRARY)
+LIBRARY_CONTROL = f"{LIBRARY}-open"
+"""``closed_loop_callbacks``' loops, each replaced by its open-loop control at the call's dose (after the call, same
+seeds, :func:`library_open_arm`): the same transformations and cases at random, to tell what detection adds."""
+ARMS = ("plain", *STANDARD, *REFERENCES, *LOOPS, *CONTROLS, LIBRARY, LIBRARY_CONTROL)
 
 
 def _one_padding(combine: list[str]) -> None:
@@ -823,7 +913,13 @@ def make_arm(arm_name: str, setting: Setting, seed: int, doses: dict[str, Any]) 
             raise SystemExit(f"--on: {LIBRARY} brings its own noise under the loops; leave --on out")
         properties = robustness_properties() if LIBRARY_PROPERTIES else None  # None: the call's own default
         masks = 2 if setting.val_masks is not None else None
-        return Arm(closed_loop_callbacks(masks=masks, properties=properties, seed=seed))
+        callbacks = closed_loop_callbacks(masks=masks, properties=properties, seed=seed)
+        dose = LibraryDose(callbacks)
+        return Arm([*callbacks, dose], dose=dose)
+    if arm_name == LIBRARY_CONTROL:
+        if LIBRARY not in doses:
+            raise SystemExit(f"--arms: {arm_name} follows the dose of {LIBRARY}: run {LIBRARY} before it (same seeds)")
+        return library_open_arm(setting, seed, doses[LIBRARY])
     if arm_name in LOOPS:
         arm = loop_arm(arm_name, setting, seed)
     else:
@@ -900,9 +996,13 @@ def fit(
         record["dose"] = arm.dose.record()
         doses[arm_name] = record["dose"]
     controls = [c for c in arm.callbacks if isinstance(c, OpenLoop)]
-    if controls and arm.dose is None:  # a control; a loop's own OpenLoop (--combine padding) has no dose to give
+    if arm_name == LIBRARY_CONTROL:  # as the call's LibraryDose records it: each stand-in's deposits, the guides'
+        cases = {c.origin: c.deposited for c in controls if c.bank is not None}
+        guide = next(c for c in controls if c.origin == "robustness")
+        record["dose"] = {"origins": cases, "strength": guide.applied, "padding_p": float(controls[0].guide.p)}
+    elif controls and arm.dose is None:  # a control; a loop's own OpenLoop (--combine padding) has no dose to give
         record["dose"] = {"deposits": controls[0].deposited, "strength": controls[0].applied}
-    if arm_name == LIBRARY:  # its KeepOriginals' rows, as anchor.py records its own keeper's
+    if arm_name in (LIBRARY, LIBRARY_CONTROL):  # its KeepOriginals' rows, as anchor.py records its own keeper's
         record["anchored"] = next(c for c in arm.callbacks if isinstance(c, KeepOriginals)).appended
     replays = [c for c in arm.callbacks if isinstance(c, FailureReplay)]
     if replays:
@@ -950,7 +1050,7 @@ def given_options(arm_name: str, setting: Setting) -> dict[str, Any]:
         "metamorphic": ["metamorphic", *(["violation_guide", "spread"] if VIOLATION_GUIDE else []), "replay", "bank"],
         "relevancy": ["relevancy", "replay", "bank"],
     }
-    if arm_name == LIBRARY:  # only --properties reaches the call; the label names its presets but the historic ones
+    if loop == LIBRARY:  # only --properties reaches the call (and its control); labelled by its presets but the old
         presets = list(LIBRARY_PROPERTIES or ROBUSTNESS_PRESETS)
         return {} if presets == HISTORIC_LIBRARY_PRESETS else {"properties": presets}
     if loop == "dlguard":
@@ -1107,6 +1207,9 @@ def comparisons(results: dict[str, list[dict]]) -> list[tuple[str, str, list[tup
     standard = [arm for arm in STANDARD if results.get(arm)]
     best = max(standard, key=lambda arm: mean(r["mCA"] for r in results[arm])) if standard else None
     for together in [arm for arm in results if _base(arm) in ("dlguard", LIBRARY) and results[arm]]:
+        for control in [arm for arm in results if _base(arm) == LIBRARY_CONTROL and results[arm]]:
+            if _base(together) == LIBRARY and _variant(results[control]) == _variant(results[together]):
+                pairs.append((together, control, [("mCA", 1), ("clean", 1), ("pgd", 1)]))  # what detection adds
         if best:
             pairs.append((together, best, [("mCA", 1), ("pgd", 1)]))
         under = {run["on"] for run in results[together] if "on" in run}

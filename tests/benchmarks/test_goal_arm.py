@@ -128,9 +128,11 @@ def test_the_benchmark_s_library_arm_is_the_readme_call_with_its_seed(monkeypatc
     split = (pictures, labels)
     scenes = cl.Setting(split, split, split, cl.resnet18_cifar, val_masks=torch.ones(20, 32, 32))
     arm = cl.make_arm(cl.LIBRARY, scenes, 3, {})
+    assert isinstance(arm.callbacks[-1], cl.LibraryDose) and arm.dose is arm.callbacks[-1]  # it only watches
     readme = readme_callbacks()
-    assert [type(c).__name__ for c in arm.callbacks] == [type(c).__name__ for c in readme]
-    for mine, theirs in zip(arm.callbacks, readme, strict=True):
+    call = arm.callbacks[:-1]
+    assert [type(c).__name__ for c in call] == [type(c).__name__ for c in readme]
+    for mine, theirs in zip(call, readme, strict=True):
         seeded = configured(mine)
         assert seeded.pop("seed", 3) == 3, type(mine).__name__
         assert seeded == {k: v for k, v in configured(theirs).items() if k != "seed"}, type(mine).__name__
@@ -197,3 +199,58 @@ def test_the_library_arm_meets_the_goal_s_references_in_the_paired_table() -> No
         "| closed_loop_callbacks − plain | clean | -0.010 ± nan | 0 of 1 |",
         "| closed_loop_callbacks − plain | pgd | +0.100 ± nan | 1 of 1 |",
     ]
+
+
+def test_the_library_control_keeps_the_call_s_noise_replay_and_keeper_and_replaces_each_detector() -> None:
+    """``closed_loop_callbacks-open``: the call's noise first, a stand-in per detector at its dose and origin, the
+    call's replay and ``KeepOriginals`` last; it refuses to run before the call whose dose it follows."""
+    split = (torch.rand(20, 3, 32, 32), torch.arange(20) % 10)
+    scenes = cl.Setting(split, split, split, cl.resnet18_cifar, val_masks=torch.ones(20, 32, 32))
+    with pytest.raises(SystemExit, match="run closed_loop_callbacks before it"):
+        cl.make_arm(cl.LIBRARY_CONTROL, scenes, 0, {})
+    origins = {"robustness": {"0": 5}, "hda": {"1": 2}, "metamorphic": {"0": 3}, "relevancy": {"2": 6}}
+    dose = {"origins": origins, "strength": [0.0, 0.1, 0.2], "guides": {"dscore": [0.0, 0.0, 0.3, 0.4]}}
+    arm = cl.make_arm(cl.LIBRARY_CONTROL, scenes, 4, {cl.LIBRARY: dose})
+    names = [type(c).__name__ for c in arm.callbacks]
+    assert names == ["GaussianNoise", *["OpenLoop"] * 4, "RelevancyOpenLoop", "FailureReplay", "KeepOriginals"]
+    padding, robustness, hda, metamorphic, relevancy = arm.callbacks[1:6]
+    assert padding.guide.p == pytest.approx(((0.3**2 + 0.4**2) / 4) ** 0.5)  # D-Score's rms p, from the first epoch
+    assert padding.guide.flags["padding_mode"] == "reflection" and padding.bank is None
+    assert [c.origin for c in (robustness, hda, metamorphic, relevancy)] == list(origins)
+    assert [c.deposits for c in (robustness, hda, metamorphic, relevancy)] == list(origins.values())
+    replay = arm.callbacks[-2]
+    assert all(c.bank is replay.bank for c in (robustness, hda, metamorphic, relevancy))
+    assert robustness.strength == dose["strength"]
+    call = [c for c in cl.make_arm(cl.LIBRARY, scenes, 4, {}).callbacks if type(c).__name__ == "RobustnessCallback"]
+    assert [p.name for p in robustness.guide.properties] == [p.name for p in call[0].properties]
+    assert len({c.generator.initial_seed() for c in arm.callbacks[1:6]}) == 5  # each stand-in draws rows of its own
+    assert cl.given_options(cl.LIBRARY_CONTROL, scenes) == cl.given_options(cl.LIBRARY, scenes)  # labelled alike
+
+
+@pytest.mark.slow
+def test_the_library_control_follows_the_call_s_dose_origin_by_origin() -> None:
+    """A short fit of the call on small scenes, then of its control: as many cases per origin at the same validations,
+    the robustness guide's strength and D-Score's rms ``p`` as the call applied them, as many rows replayed."""
+    from dlguard.zoo import mnist_b
+
+    # spurious corners: a small network passes the detectors' min_accuracy='auto' by the third epoch, so the call
+    # deposits at its third validation and replays in the fourth epoch (plain scenes stay near chance that long)
+    digits, labels, train_rows, val_rows, _ = cl._split()
+    train, val = (cl.make_scenes(digits[rows], labels[rows], spurious=1.0, seed=i)
+                  for i, rows in enumerate((train_rows[:600], val_rows[:200])))  # fmt: skip
+    small = cl.Setting((train.images, train.labels), (val.images, val.labels), (val.images[:50], val.labels[:50]),
+                       lambda: mnist_b(in_channels=3, input_size=32), val_masks=val.masks)  # fmt: skip
+    doses: dict = {}
+    _, measured = cl.fit(cl.LIBRARY, small, 0, 4, doses)
+    _, control = cl.fit(cl.LIBRARY_CONTROL, small, 0, 4, doses)
+    origins = measured["dose"]["origins"]
+    assert sum(n for counts in origins.values() for n in counts.values()) > 0  # the call found failures
+    stand_ins = control["dose"]["origins"]  # every detector's, those that found nothing with nothing
+    assert set(origins) <= set(stand_ins) == {"robustness", "hda", "metamorphic", "relevancy"}
+    assert stand_ins == {o: {e: n for e, n in origins.get(o, {}).items() if n} for o in stand_ins}
+    assert control["dose"]["strength"] == pytest.approx(measured["dose"]["strength"], abs=1e-6)
+    assert max(measured["dose"]["strength"]) > 0  # the robustness guide transformed batches in the last epoch
+    p = measured["dose"]["guides"]["dscore"]
+    assert control["dose"]["padding_p"] == pytest.approx((sum(v * v for v in p) / len(p)) ** 0.5)
+    assert control["replayed"] == measured["replayed"] > 0
+    assert measured["options"] == control["options"]
