@@ -435,7 +435,8 @@ class OpenLoop(L.Callback):
     (``RankGenerator.named(seed, twin)``, one draw per batch seeding the global RNG, which is restored
     after): the loop and its control then share the shuffles and the guide's draws (common random
     numbers), and differ only in what the loop chooses. Without it the guide draws from the global RNG,
-    which also moves training's shuffles (``--control_draws global``, how runs before it drew).
+    which also moves training's shuffles (``--control_draws global``, how runs before it drew). ``twin_seed``
+    is the loop's seed where it is not ``seed`` (a call's stand-ins draw their rows with seeds of their own).
     """
 
     def __init__(
@@ -449,12 +450,14 @@ class OpenLoop(L.Callback):
         seed: int = 0,
         twin: str | None = None,
         origin: str = "open-loop",
+        twin_seed: int | None = None,
     ) -> None:
         self.source, self.generate, self.deposits, self.bank = source, generate, deposits, bank
         self.origin = origin  # the bank's origin of its cases: the loop's name where a control stands in a call's
         self.guide, self.strength = guide, strength or []
         self.generator = torch.Generator().manual_seed(seed)
-        self.draws = None if twin is None else RankGenerator.named(seed, twin)  # the loop's guide's stream
+        twin_seed = seed if twin_seed is None else twin_seed
+        self.draws = None if twin is None else RankGenerator.named(twin_seed, twin)  # the loop's guide's stream
         self.deposited: dict[str, int] = {}
         self.applied: list[float] = []  # the guide's strength as applied, epoch by epoch (the loop's Dose records it)
 
@@ -726,7 +729,7 @@ def library_open_arm(setting: Setting, seed: int, dose: dict[str, Any]) -> Arm:
                  twin=_twin(DScoreCallback)),
         OpenLoop(setting.val, random_properties(robustness), origins.get("robustness", {}), replay.bank,
                  guide=ErrorGuidedAugmentation(robustness, strength=1.0), strength=dose["strength"], seed=seed + 1,
-                 twin=_twin(RobustnessCallback), origin="robustness"),
+                 twin=_twin(RobustnessCallback), origin="robustness", twin_seed=seed),
         OpenLoop(setting.val, ball_noise(found[HDACallback].radius), origins.get("hda", {}), replay.bank,
                  seed=seed + 2, origin="hda"),
         OpenLoop(setting.val, random_properties(found[MetamorphicCallback].properties), origins.get("metamorphic", {}),
@@ -1052,7 +1055,10 @@ def given_options(arm_name: str, setting: Setting) -> dict[str, Any]:
     }
     if loop == LIBRARY:  # only --properties reaches the call (and its control); labelled by its presets but the old
         presets = list(LIBRARY_PROPERTIES or ROBUSTNESS_PRESETS)
-        return {} if presets == HISTORIC_LIBRARY_PRESETS else {"properties": presets}
+        given = {} if presets == HISTORIC_LIBRARY_PRESETS else {"properties": presets}
+        if variant and CONTROL_DRAWS[0] != "loop":  # the control's guides draw from the global RNG
+            given["control_draws"] = CONTROL_DRAWS[0]
+        return given
     if loop == "dlguard":
         names = [name for part in combined_loops(setting) for name in flags[part]]
     elif loop in flags:

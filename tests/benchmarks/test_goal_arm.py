@@ -221,10 +221,24 @@ def test_the_library_control_keeps_the_call_s_noise_replay_and_keeper_and_replac
     replay = arm.callbacks[-2]
     assert all(c.bank is replay.bank for c in (robustness, hda, metamorphic, relevancy))
     assert robustness.strength == dose["strength"]
-    call = [c for c in cl.make_arm(cl.LIBRARY, scenes, 4, {}).callbacks if type(c).__name__ == "RobustnessCallback"]
-    assert [p.name for p in robustness.guide.properties] == [p.name for p in call[0].properties]
+    call = {type(c).__name__: c for c in cl.make_arm(cl.LIBRARY, scenes, 4, {}).callbacks}
+    assert [p.name for p in robustness.guide.properties] == [p.name for p in call["RobustnessCallback"].properties]
     assert len({c.generator.initial_seed() for c in arm.callbacks[1:6]}) == 5  # each stand-in draws rows of its own
+    # ... but its guide draws what the call's guide draws (common random numbers): the call's seed, not the rows'
+    for stand_in, guided in ((padding, "DScoreCallback"), (robustness, "RobustnessCallback")):
+        assert stand_in.draws.seed == call[guided]._guide_random.seed, guided
     assert cl.given_options(cl.LIBRARY_CONTROL, scenes) == cl.given_options(cl.LIBRARY, scenes)  # labelled alike
+
+
+def test_the_library_control_s_label_names_draws_from_the_global_rng(monkeypatch: pytest.MonkeyPatch) -> None:
+    split = (torch.rand(20, 3, 32, 32), torch.arange(20) % 10)
+    scenes = cl.Setting(split, split, split, cl.resnet18_cifar, val_masks=torch.ones(20, 32, 32))
+    monkeypatch.setattr(cl, "CONTROL_DRAWS", ["global"])
+    call = cl.given_options(cl.LIBRARY, scenes)
+    assert "control_draws" not in call  # the call has no control draws
+    assert cl.given_options(cl.LIBRARY_CONTROL, scenes) == {**call, "control_draws": "global"}  # not the default's
+    dose = {"origins": {}, "strength": [0.0], "guides": {"dscore": [0.0]}}
+    assert all(c.draws is None for c in cl.make_arm(cl.LIBRARY_CONTROL, scenes, 0, {cl.LIBRARY: dose}).callbacks[1:3])
 
 
 @pytest.mark.slow
