@@ -1002,7 +1002,8 @@ def fit(
     if arm_name == LIBRARY_CONTROL:  # as the call's LibraryDose records it: each stand-in's deposits, the guides'
         cases = {c.origin: c.deposited for c in controls if c.bank is not None}
         guide = next(c for c in controls if c.origin == "robustness")
-        record["dose"] = {"origins": cases, "strength": guide.applied, "padding_p": float(controls[0].guide.p)}
+        padding = next(c.guide for c in controls if isinstance(c.guide, ScoreGuidedPadding))
+        record["dose"] = {"origins": cases, "strength": guide.applied, "padding_p": float(padding.p)}
     elif controls and arm.dose is None:  # a control; a loop's own OpenLoop (--combine padding) has no dose to give
         record["dose"] = {"deposits": controls[0].deposited, "strength": controls[0].applied}
     if arm_name in (LIBRARY, LIBRARY_CONTROL):  # its KeepOriginals' rows, as anchor.py records its own keeper's
