@@ -569,13 +569,15 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "violation_guide": {},
     "padding": {},
     "oracle": {},
+    "call": {},
 }
 """Arguments other than the defaults, from ``--<name> key=value ...``: the callbacks' (e.g. ``--hda k=50
 budget=None``, ``--metamorphic budget=None``, ``--relevancy budget=None``), ``FailureReplay``'s and
 ``FailureBank``'s (loops and controls alike, e.g. ``--replay repeats=None``, ``--bank capacity=1024``), the
 robustness loop's ``ErrorGuidedAugmentation``'s (``--guide strength=1.0``), the metamorphic loop's
 (``--violation_guide``, which also turns that guide on), ``ScoreGuidedPadding``'s and the ``oracle`` arm's
-(``--oracle fraction=0.25``)."""
+(``--oracle fraction=0.25``) and ``closed_loop_callbacks``' (``--call budget=0.5``: the call's and its
+control's, which is the call made afresh)."""
 
 
 class SpreadGuide(ErrorGuidedAugmentation):
@@ -716,7 +718,7 @@ def library_open_arm(setting: Setting, seed: int, dose: dict[str, Any]) -> Arm:
     """
     masks = 2 if setting.val_masks is not None else None
     properties = robustness_properties() if LIBRARY_PROPERTIES else None
-    call = closed_loop_callbacks(masks=masks, properties=properties, seed=seed)
+    call = closed_loop_callbacks(masks=masks, properties=properties, seed=seed, **OPTIONS["call"])
     found = {type(c): c for c in call}
     replay = found[FailureReplay]
     origins = dose["origins"]
@@ -781,8 +783,8 @@ CONTROLS = ("robustness-open", "dscore-open", "hda-open", "hda-pgd", "metamorphi
 LIBRARY = "closed_loop_callbacks"
 """The arm a project gets from one library call: ``dlguard.callbacks.closed_loop_callbacks(masks=2, seed=seed)``
 as README gives it (its own keyed ``GaussianNoise`` under the loops, so no ``--on``; the loops' flags do not reach
-it, but ``--properties``, when given, replaces its robustness loop's). What ``anchor.py``'s ``dlguard`` arm with
-README's flags runs, but with the library's noise draws."""
+it, but ``--properties``, when given, replaces its robustness loop's, and ``--call`` gives it arguments). What
+``anchor.py``'s ``dlguard`` arm with README's flags runs, but with the library's noise draws."""
 LIBRARY_CONTROL = f"{LIBRARY}-open"
 """``closed_loop_callbacks``' loops, each replaced by its open-loop control at the call's dose (after the call, same
 seeds, :func:`library_open_arm`): the same transformations and cases at random, to tell what detection adds."""
@@ -916,7 +918,7 @@ def make_arm(arm_name: str, setting: Setting, seed: int, doses: dict[str, Any]) 
             raise SystemExit(f"--on: {LIBRARY} brings its own noise under the loops; leave --on out")
         properties = robustness_properties() if LIBRARY_PROPERTIES else None  # None: the call's own default
         masks = 2 if setting.val_masks is not None else None
-        callbacks = closed_loop_callbacks(masks=masks, properties=properties, seed=seed)
+        callbacks = closed_loop_callbacks(masks=masks, properties=properties, seed=seed, **OPTIONS["call"])
         dose = LibraryDose(callbacks)
         return Arm([*callbacks, dose], dose=dose)
     if arm_name == LIBRARY_CONTROL:
@@ -1054,11 +1056,15 @@ def given_options(arm_name: str, setting: Setting) -> dict[str, Any]:
         "metamorphic": ["metamorphic", *(["violation_guide", "spread"] if VIOLATION_GUIDE else []), "replay", "bank"],
         "relevancy": ["relevancy", "replay", "bank"],
     }
-    if loop == LIBRARY:  # only --properties reaches the call (and its control); labelled by its presets but the old
+    if (
+        loop == LIBRARY
+    ):  # only --properties and --call reach the call (and its control); labelled by its presets but the old
         presets = list(LIBRARY_PROPERTIES or ROBUSTNESS_PRESETS)
         given = {} if presets == HISTORIC_LIBRARY_PRESETS else {"properties": presets}
         if variant and CONTROL_DRAWS[0] != "loop":  # the control's guides draw from the global RNG
             given["control_draws"] = CONTROL_DRAWS[0]
+        if OPTIONS["call"]:
+            given["call"] = json.loads(json.dumps(dict(sorted(OPTIONS["call"].items()))))
         return given
     if loop == "dlguard":
         names = [name for part in combined_loops(setting) for name in flags[part]]

@@ -8,7 +8,9 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
+from dlguard._validation import check_budget
 from dlguard.augment import ErrorGuidedAugmentation, Property, ScoreGuidedPadding, property_preset
+from dlguard.callbacks.base import DEFAULT_BUDGET
 from dlguard.callbacks.dscore import DScoreCallback
 from dlguard.callbacks.hda import HDACallback
 from dlguard.callbacks.metamorphic import MetamorphicCallback
@@ -35,6 +37,7 @@ def closed_loop_callbacks(
     batch_keys: BatchKeys = (0, 1),
     max_sigma: float | None = 0.3,
     properties: Sequence[Property] | None = None,
+    budget: int | float | None = DEFAULT_BUDGET,
     seed: int = 0,
 ) -> list[Callback]:
     """The callbacks of the closed-loop benchmark's anchored arm, in their order, for a project's own ``Trainer``.
@@ -72,6 +75,11 @@ def closed_loop_callbacks(
         max_sigma: the noise's largest ``σ``; ``None`` leaves the noise out.
         properties: what the robustness loop measures and its guide applies; ``None``: the presets of
             :data:`ROBUSTNESS_PRESETS` (3 above).
+        budget: each detector's (2-4 above) bound on one measurement's forward passes, as
+            :class:`~dlguard.callbacks.ProbeCallback` takes it; the default, 0.15 of the validation loader's
+            inputs, is what the benchmark judges. A larger one measures more often and on more inputs (the
+            robustness loop's smallest measurement costs several times 0.15, so at the default it measures
+            seldom), at more cost (``benchmarks/closed_loop.py --call budget=...`` judges it).
         seed: every callback's seed (the global seed does not set their draws: give each run of a
             multi-seed study its own).
 
@@ -85,7 +93,8 @@ def closed_loop_callbacks(
         5
     """
     common: dict[str, Any] = {
-        "preprocess": preprocess, "output_transform": output_transform, "batch_keys": batch_keys, "seed": seed
+        "preprocess": preprocess, "output_transform": output_transform, "batch_keys": batch_keys, "seed": seed,
+        "budget": check_budget(budget),
     }  # fmt: skip
     if properties is None:
         properties = [prop for name in ROBUSTNESS_PRESETS for prop in property_preset(name)]

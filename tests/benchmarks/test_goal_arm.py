@@ -241,6 +241,26 @@ def test_the_library_control_s_label_names_draws_from_the_global_rng(monkeypatch
     assert all(c.draws is None for c in cl.make_arm(cl.LIBRARY_CONTROL, scenes, 0, {cl.LIBRARY: dose}).callbacks[1:3])
 
 
+def test_call_arguments_reach_the_call_and_its_control_and_label_both(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--call budget=0.5``: every detector of the call measures at that budget, the control is the call made with
+    it (its noise, replay and keeper), and both arms' labels name it, so such a run is not merged with a default."""
+    split = (torch.rand(20, 3, 32, 32), torch.arange(20) % 10)
+    scenes = cl.Setting(split, split, split, cl.resnet18_cifar, val_masks=torch.ones(20, 32, 32))
+    default = cl.given_options(cl.LIBRARY, scenes)
+    monkeypatch.setitem(cl.OPTIONS, "call", {"budget": 0.5})
+    detectors = [c for c in cl.make_arm(cl.LIBRARY, scenes, 0, {}).callbacks if isinstance(c, cl.LOOP_TYPES)]
+    assert len(detectors) == 5 and {c.budget for c in detectors} == {0.5}
+    labelled = {**default, "call": {"budget": 0.5}}
+    assert cl.given_options(cl.LIBRARY, scenes) == cl.given_options(cl.LIBRARY_CONTROL, scenes) == labelled
+    assert cl._label(cl.LIBRARY, [{"options": labelled}]).endswith("--call budget=0.5]")
+    seen: list[dict] = []
+    call = cl.closed_loop_callbacks
+    monkeypatch.setattr(cl, "closed_loop_callbacks", lambda **kw: seen.append(kw) or call(**kw))
+    dose = {"origins": {}, "strength": [0.0], "guides": {"dscore": [0.0]}}
+    cl.make_arm(cl.LIBRARY_CONTROL, scenes, 0, {cl.LIBRARY: dose})
+    assert seen[0]["budget"] == 0.5
+
+
 @pytest.mark.slow
 def test_the_library_control_follows_the_call_s_dose_origin_by_origin() -> None:
     """A short fit of the call on small scenes, then of its control: as many cases per origin at the same validations,

@@ -44,6 +44,9 @@ def test_every_callback_gets_the_project_s_settings() -> None:
     assert len(probes) == 5 and all(c.preprocess is normalize and c.seed == seed for c in probes)
     assert next(c for c in callbacks if isinstance(c, ObjectRelevancyCallback)).masks == "mask"
     assert next(c for c in callbacks if isinstance(c, RobustnessCallback)).guide.strength == 0.125
+    assert {c.budget for c in probes} == {0.15}  # ProbeCallback's default
+    bounded = closed_loop_callbacks(masks="mask", budget=500)
+    assert {c.budget for c in bounded if isinstance(c, ProbeCallback)} == {500}
 
 
 def test_the_robustness_loop_measures_and_guides_the_properties_given() -> None:
@@ -67,6 +70,7 @@ def test_the_robustness_loop_measures_and_guides_the_properties_given() -> None:
         ({"max_sigma": -1.0}, "max_sigma: expected a non-negative"),
         ({"masks": [1]}, "masks: expected a batch key"),
         ({"properties": []}, "properties: expected at least one Property"),
+        ({"budget": 0}, "budget: expected a positive int"),
     ],
 )
 def test_bad_arguments_are_named(options: dict, message: str) -> None:
