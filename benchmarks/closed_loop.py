@@ -577,7 +577,19 @@ budget=None``, ``--metamorphic budget=None``, ``--relevancy budget=None``), ``Fa
 robustness loop's ``ErrorGuidedAugmentation``'s (``--guide strength=1.0``), the metamorphic loop's
 (``--violation_guide``, which also turns that guide on), ``ScoreGuidedPadding``'s and the ``oracle`` arm's
 (``--oracle fraction=0.25``) and ``closed_loop_callbacks``' (``--call budget=0.5``: the call's and its
-control's, which is the call made afresh)."""
+control's, which is the call made afresh). Values are Python literals: ``budget=1`` is one forward pass,
+``budget=1.0`` the whole validation loader."""
+
+
+def check_call(call: dict[str, Any]) -> None:
+    """Refuse ``--call`` arguments the call would refuse, or the benchmark sets itself, before any arm fits."""
+    taken = sorted(set(call) & {"masks", "properties", "seed"})
+    if taken:
+        raise SystemExit(f"--call: {taken} are the benchmark's own (the setting's masks, --properties, --seeds)")
+    try:
+        closed_loop_callbacks(**call)
+    except (TypeError, ValueError) as error:
+        raise SystemExit(f"--call: {error}") from None
 
 
 class SpreadGuide(ErrorGuidedAugmentation):
@@ -1056,9 +1068,9 @@ def given_options(arm_name: str, setting: Setting) -> dict[str, Any]:
         "metamorphic": ["metamorphic", *(["violation_guide", "spread"] if VIOLATION_GUIDE else []), "replay", "bank"],
         "relevancy": ["relevancy", "replay", "bank"],
     }
-    if (
-        loop == LIBRARY
-    ):  # only --properties and --call reach the call (and its control); labelled by its presets but the old
+    # only --properties and --call reach the call (and its control); labelled by its presets, except the historic
+    # ones (unlabelled, as every record before the presets was), and by --call's arguments
+    if loop == LIBRARY:
         presets = list(LIBRARY_PROPERTIES or ROBUSTNESS_PRESETS)
         given = {} if presets == HISTORIC_LIBRARY_PRESETS else {"properties": presets}
         if variant and CONTROL_DRAWS[0] != "loop":  # the control's guides draw from the global RNG
@@ -1394,6 +1406,7 @@ def main() -> None:
             json.dumps(given)
         except TypeError as error:
             raise SystemExit(f"--{name}: {error}; give numbers, strings, None, lists or dicts") from None
+    check_call(OPTIONS["call"])
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     setting = SETTINGS[args.setting]()

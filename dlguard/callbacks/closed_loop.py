@@ -75,9 +75,11 @@ def closed_loop_callbacks(
         max_sigma: the noise's largest ``σ``; ``None`` leaves the noise out.
         properties: what the robustness loop measures and its guide applies; ``None``: the presets of
             :data:`ROBUSTNESS_PRESETS` (3 above).
-        budget: each detector's (2-4 above) bound on one measurement's forward passes, as
-            :class:`~dlguard.callbacks.ProbeCallback` takes it; the default, 0.15 of the validation loader's
-            inputs, is what the benchmark judges. A larger one measures more often and on more inputs (the
+        budget: each of the five detectors' (2-4 above) bound on one measurement's forward passes, as
+            :class:`~dlguard.callbacks.ProbeCallback` takes it (an ``int``: passes; a ``float``: a multiple
+            of the validation loader's inputs, so ``1.0``, not ``1``, is the whole loader; ``None``: no
+            bound); the default, :data:`~dlguard.callbacks.base.DEFAULT_BUDGET` (0.15), is what the
+            benchmark judges. A larger one measures more often and on more inputs (the
             robustness loop's smallest measurement costs several times 0.15, so at the default it measures
             seldom), at more cost (``benchmarks/closed_loop.py --call budget=...`` judges it).
         seed: every callback's seed (the global seed does not set their draws: give each run of a

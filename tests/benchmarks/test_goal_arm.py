@@ -288,3 +288,34 @@ def test_the_library_control_follows_the_call_s_dose_origin_by_origin() -> None:
     assert control["dose"]["padding_p"] == pytest.approx((sum(v * v for v in p) / len(p)) ** 0.5)
     assert control["replayed"] == measured["replayed"] > 0
     assert measured["options"] == control["options"]
+
+
+def test_a_call_run_is_kept_apart_from_a_default_run_of_the_same_seed() -> None:
+    """``merge`` keys the call at ``--call budget=0.5`` by its label: beside the default call's seed 3, not a rerun of
+    it (which would be refused as judging differently)."""
+
+    def run(clean: float, call: dict | None) -> dict:
+        options = {"properties": ["framework"], **({"call": call} if call else {})}
+        return {"seed": 3, "epochs": 6, "options": options, "clean": clean}
+
+    merged = cl.merge([{cl.LIBRARY: [run(0.97, None)]}, {cl.LIBRARY: [run(0.98, {"budget": 0.5})]}])
+    assert set(merged) == {
+        f"{cl.LIBRARY} [--properties framework]",
+        f"{cl.LIBRARY} [--properties framework --call budget=0.5]",
+    }
+    assert [r["clean"] for r in merged[f"{cl.LIBRARY} [--properties framework --call budget=0.5]"]] == [0.98]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        ({"budjet": 0.5}, "--call: .*budjet"),  # a typo, refused before any arm fits
+        ({"budget": 0}, "--call: budget: expected a positive int"),
+        ({"seed": 1}, r"--call: \['seed'\] are the benchmark's own"),
+        ({"properties": None, "masks": "mask"}, r"--call: \['masks', 'properties'\] are the benchmark's own"),
+    ],
+)
+def test_call_arguments_the_call_refuses_stop_the_benchmark_before_it_fits(call: dict, message: str) -> None:
+    with pytest.raises(SystemExit, match=message):
+        cl.check_call(call)
+    cl.check_call({"budget": 0.5, "max_sigma": 0.2})  # what the call takes passes

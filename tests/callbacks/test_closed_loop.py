@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from pathlib import Path
@@ -44,9 +45,11 @@ def test_every_callback_gets_the_project_s_settings() -> None:
     assert len(probes) == 5 and all(c.preprocess is normalize and c.seed == seed for c in probes)
     assert next(c for c in callbacks if isinstance(c, ObjectRelevancyCallback)).masks == "mask"
     assert next(c for c in callbacks if isinstance(c, RobustnessCallback)).guide.strength == 0.125
-    assert {c.budget for c in probes} == {0.15}  # ProbeCallback's default
-    bounded = closed_loop_callbacks(masks="mask", budget=500)
-    assert {c.budget for c in bounded if isinstance(c, ProbeCallback)} == {500}
+    probe_default = inspect.signature(ProbeCallback).parameters["budget"].default
+    assert {c.budget for c in probes} == {probe_default} and probe_default == 0.15  # the defaults cannot drift apart
+    for budget in (500, 1.5, None):  # passes, a multiple above the loader, no bound: each reaches every detector
+        bounded = closed_loop_callbacks(masks="mask", budget=budget)
+        assert [c.budget for c in bounded if isinstance(c, ProbeCallback)] == [budget] * 5
 
 
 def test_the_robustness_loop_measures_and_guides_the_properties_given() -> None:
@@ -71,6 +74,9 @@ def test_the_robustness_loop_measures_and_guides_the_properties_given() -> None:
         ({"masks": [1]}, "masks: expected a batch key"),
         ({"properties": []}, "properties: expected at least one Property"),
         ({"budget": 0}, "budget: expected a positive int"),
+        ({"budget": -0.5}, "budget: expected a positive int"),
+        ({"budget": math.nan}, "budget: expected a positive int"),
+        ({"budget": True}, "budget: expected a positive int"),
     ],
 )
 def test_bad_arguments_are_named(options: dict, message: str) -> None:
