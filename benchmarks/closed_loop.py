@@ -578,7 +578,8 @@ robustness loop's ``ErrorGuidedAugmentation``'s (``--guide strength=1.0``), the 
 (``--violation_guide``, which also turns that guide on), ``ScoreGuidedPadding``'s and the ``oracle`` arm's
 (``--oracle fraction=0.25``) and ``closed_loop_callbacks``' (``--call budget=0.5``: the call's and its
 control's, which is the call made afresh). Values are Python literals: ``budget=1`` is one forward pass,
-``budget=1.0`` the whole validation loader."""
+``budget=1.0`` the whole validation loader. A run's label names every argument given, a default's value
+too (``--call budget=0.15`` is labelled apart from the call at its defaults): give only what differs."""
 
 
 def check_call(call: dict[str, Any]) -> None:
