@@ -8,7 +8,7 @@
                                      [--violation_guide [KEY=VALUE ...]] [--spread cell|property|even]
                                      [--properties framework|label_preserving|deeptest_roads|capture|exposure ...]
                                      [--control_draws loop|global] [--on augmix|trivialaugment|randaugment|noise]
-                                     [--judge all|goal]
+                                     [--dose_from FILE] [--judge all|goal]
     python benchmarks/closed_loop.py --results results.json   # the tables of a file written by --out
     python benchmarks/closed_loop.py --results part1.json part2.json --out merged.json  # one file of several
     bash benchmarks/closed_loop_gpu.sh merged.json --setting scenes   # one process per loop and seed
@@ -69,6 +69,9 @@ to the training batches differs:
   its root mean square ``p``, the robustness properties at random at the guide's strength in each epoch and as
   cases, HDA's ball noise, the metamorphic transformations at random, random digits on fresh backgrounds --,
   each depositing under its detector's origin into the call's own replay, beside its noise and ``KeepOriginals``;
+  with ``--dose_from FILE`` it follows the dose in ``FILE`` instead, the same in every seed, and runs without the
+  call (a dose written once, as a user without detection would have to: its label names the file, so it is
+  never paired with the call of its seed);
 - each loop's open-loop control, ``<loop>-open``: the same generator's test cases, *not* chosen by
   detection, at the same dose. The loop's run is recorded -- how many failures it deposited at
   which validation, its replay fraction, its guide's strength in each epoch -- and the control
@@ -802,6 +805,47 @@ LIBRARY_CONTROL = f"{LIBRARY}-open"
 """``closed_loop_callbacks``' loops, each replaced by its open-loop control at the call's dose (after the call, same
 seeds, :func:`library_open_arm`): the same transformations and cases at random, to tell what detection adds."""
 ARMS = ("plain", *STANDARD, *REFERENCES, *LOOPS, *CONTROLS, LIBRARY, LIBRARY_CONTROL)
+DOSE_FROM: list[tuple[str, dict[str, Any]]] = []
+"""``--dose_from FILE``: ``(FILE's name, its dose)``, which ``closed_loop_callbacks-open`` follows in every seed in
+place of the dose the call recorded in the same seed (:func:`read_dose`). Empty: the call's (it runs first)."""
+DOSE_ORIGINS = ("robustness", "hda", "metamorphic", "relevancy")
+"""The origins a dose's ``origins`` may name: the call's detectors that deposit into its bank (D-Score pads only)."""
+
+
+def read_dose(path: Path) -> dict[str, Any]:
+    """A dose for ``closed_loop_callbacks-open`` from ``path`` (``--dose_from``), refused before any fit if malformed.
+
+    The file holds what a call's record keeps under ``dose`` (``python benchmarks/closed_loop.py --results`` files),
+    or a dose written by hand in the same form: ``origins`` (``{origin: {epoch: cases}}``, origins among
+    ``DOSE_ORIGINS``, epochs and cases non-negative integers), ``strength`` (the robustness guide's in each training
+    epoch) and ``guides`` (``{"dscore": [p in each training epoch]}``), probabilities in ``[0, 1]``; other keys
+    (a ``note`` saying where it came from, a record's ``deposits``) are read past. An epoch past a list's end is 0.
+    """
+    try:
+        dose = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"--dose_from: cannot read a dose from {path}: {error}") from None
+    missing = [key for key in ("origins", "strength", "guides") if not isinstance(dose, dict) or key not in dose]
+    if missing:
+        raise SystemExit(f"--dose_from: {path} has no {', '.join(missing)} (a call's recorded dose has all three)")
+    origins = dose["origins"]
+    if not isinstance(origins, dict) or not set(origins) <= set(DOSE_ORIGINS):
+        raise SystemExit(f"--dose_from: {path}'s origins must be a dict of {', '.join(DOSE_ORIGINS)}, got {origins!r}")
+    for origin, counts in origins.items():
+        if not isinstance(counts, dict) or not all(
+            str(epoch).isdigit() and isinstance(n, int) and not isinstance(n, bool) and n >= 0
+            for epoch, n in counts.items()
+        ):
+            raise SystemExit(f"--dose_from: {path}'s origins[{origin!r}] must map epochs to counts, got {counts!r}")
+    guides = dose["guides"]
+    if not isinstance(guides, dict) or "dscore" not in guides:
+        raise SystemExit(f"--dose_from: {path}'s guides must hold dscore's p in each epoch, got {guides!r}")
+    for name, values in (("strength", dose["strength"]), ("guides['dscore']", guides["dscore"])):
+        if not isinstance(values, list) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) and 0.0 <= v <= 1.0 for v in values
+        ):
+            raise SystemExit(f"--dose_from: {path}'s {name} must be a list of probabilities in [0, 1], got {values!r}")
+    return {"origins": origins, "strength": dose["strength"], "guides": {"dscore": guides["dscore"]}}
 
 
 def _one_padding(combine: list[str]) -> None:
@@ -935,6 +979,8 @@ def make_arm(arm_name: str, setting: Setting, seed: int, doses: dict[str, Any]) 
         dose = LibraryDose(callbacks)
         return Arm([*callbacks, dose], dose=dose)
     if arm_name == LIBRARY_CONTROL:
+        if DOSE_FROM:  # a dose written once (--dose_from), the same in every seed: no call's detection in this run
+            return library_open_arm(setting, seed, DOSE_FROM[0][1])
         if LIBRARY not in doses:
             raise SystemExit(f"--arms: {arm_name} follows the dose of {LIBRARY}: run {LIBRARY} before it (same seeds)")
         return library_open_arm(setting, seed, doses[LIBRARY])
@@ -1078,6 +1124,8 @@ def given_options(arm_name: str, setting: Setting) -> dict[str, Any]:
             given["control_draws"] = CONTROL_DRAWS[0]
         if OPTIONS["call"]:
             given["call"] = json.loads(json.dumps(dict(sorted(OPTIONS["call"].items()))))
+        if variant and DOSE_FROM:  # the control followed a dose file, not the call's run: never paired with it
+            given["dose_from"] = DOSE_FROM[0][0]
         return given
     if loop == "dlguard":
         names = [name for part in combined_loops(setting) for name in flags[part]]
@@ -1370,6 +1418,10 @@ def main() -> None:
         help="the standard augmentation every loop and control arm trains on top of (applied first)",
     )  # fmt: skip
     parser.add_argument(
+        "--dose_from", type=Path, default=None, metavar="FILE",
+        help=f"{LIBRARY_CONTROL} follows the dose in FILE (a call's recorded dose) in every seed, not the call's run",
+    )  # fmt: skip
+    parser.add_argument(
         "--judge", choices=("all", "goal"), default="all",
         help="goal: clean accuracy, mCA, FGSM, PGD (and shuffled) only, without the detectors' own measures",
     )  # fmt: skip
@@ -1408,6 +1460,9 @@ def main() -> None:
         except TypeError as error:
             raise SystemExit(f"--{name}: {error}; give numbers, strings, None, lists or dicts") from None
     check_call(OPTIONS["call"])
+    DOSE_FROM[:] = [] if args.dose_from is None else [(args.dose_from.name, read_dose(args.dose_from))]
+    if DOSE_FROM and args.arms is not None and LIBRARY_CONTROL not in args.arms:
+        raise SystemExit(f"--dose_from: only {LIBRARY_CONTROL} follows a dose file; name it in --arms")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     setting = SETTINGS[args.setting]()
