@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -319,3 +320,83 @@ def test_call_arguments_the_call_refuses_stop_the_benchmark_before_it_fits(call:
     with pytest.raises(SystemExit, match=message):
         cl.check_call(call)
     cl.check_call({"budget": 0.5, "max_sigma": 0.2})  # what the call takes passes
+
+
+def _dose_file(tmp_path: Path, dose: Any) -> Path:
+    path = tmp_path / "dose.json"
+    path.write_text(json.dumps(dose))
+    return path
+
+
+def test_the_library_control_follows_a_dose_file_in_every_seed_without_the_call(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``--dose_from FILE``: the control runs with no call before it, every seed at the file's dose (cases per origin
+    and validation, the guide's strength, D-Score's rms ``p``), and its label names the file, so a merge keeps it
+    apart from the control that followed its own seed's call."""
+    split = (torch.rand(20, 3, 32, 32), torch.arange(20) % 10)
+    scenes = cl.Setting(split, split, split, cl.resnet18_cifar, val_masks=torch.ones(20, 32, 32))
+    origins = {"robustness": {"0": 7}, "hda": {"1": 2, "3": 1}, "metamorphic": {"0": 3}}
+    written = {"note": "by hand", "origins": origins, "strength": [0.0, 0.05], "guides": {"dscore": [0.0, 0.6]}}
+    dose = cl.read_dose(_dose_file(tmp_path, written))
+    assert "note" not in dose
+    own = {"origins": {"robustness": {"0": 1}}, "strength": [0.3], "guides": {"dscore": [0.1]}}
+    monkeypatch.setattr(cl, "DOSE_FROM", [("dose.json", dose)])
+    for seed, doses in ((3, {}), (4, {cl.LIBRARY: own})):  # the file's dose, even where the call's ran in the seed
+        padding, robustness, hda, metamorphic, relevancy = cl.make_arm(
+            cl.LIBRARY_CONTROL, scenes, seed, doses
+        ).callbacks[1:6]
+        assert [c.deposits for c in (robustness, hda, metamorphic, relevancy)] == [*origins.values(), {}]
+        assert robustness.strength == [0.0, 0.05]
+        assert padding.guide.p == pytest.approx((0.6**2 / 2) ** 0.5)
+    labelled = cl.given_options(cl.LIBRARY_CONTROL, scenes)
+    assert labelled == {**cl.given_options(cl.LIBRARY, scenes), "dose_from": "dose.json"}  # the call's has no file
+    assert cl._label(cl.LIBRARY_CONTROL, [{"options": labelled}]).endswith("--dose_from dose.json]")
+
+
+def test_a_call_s_recorded_dose_reads_back_as_the_dose_the_control_follows(tmp_path: Path) -> None:
+    """A dose as a call's record keeps it (its ``deposits`` too) reads as the three parts the control uses."""
+    record = Path(__file__).parents[2] / "docs/results/closed_loop/scenes_resnet18_cpu_avx512.json"
+    recorded = json.loads(record.read_text())[f"{cl.LIBRARY} [--properties framework capture exposure]"][0]["dose"]
+    parts = {"origins": recorded["origins"], "strength": recorded["strength"]}
+    assert cl.read_dose(_dose_file(tmp_path, recorded)) == {**parts, "guides": {"dscore": recorded["guides"]["dscore"]}}
+
+
+GOOD_DOSE = {"origins": {"hda": {"0": 2}}, "strength": [0.0, 0.1], "guides": {"dscore": [0.0, 0.2]}}
+
+
+@pytest.mark.parametrize(
+    ("dose", "message"),
+    [
+        ([1, 2], "has no origins, strength, guides"),
+        ({k: v for k, v in GOOD_DOSE.items() if k != "strength"}, "has no strength"),
+        ({**GOOD_DOSE, "origins": {"dscore": {"0": 1}}}, "origins must be a dict of robustness, hda"),
+        ({**GOOD_DOSE, "origins": {"hda": {"0": -1}}}, r"origins\['hda'\] must map epochs to counts"),
+        ({**GOOD_DOSE, "origins": {"hda": {"first": 1}}}, r"origins\['hda'\] must map epochs to counts"),
+        ({**GOOD_DOSE, "origins": {"hda": {"0": 1.5}}}, r"origins\['hda'\] must map epochs to counts"),
+        ({**GOOD_DOSE, "strength": [0.0, 1.5]}, "strength must be a list of probabilities"),
+        ({**GOOD_DOSE, "strength": 0.1}, "strength must be a list of probabilities"),
+        ({**GOOD_DOSE, "guides": {"dscore": [None]}}, r"guides\['dscore'\] must be a list of probabilities"),
+        ({**GOOD_DOSE, "guides": {"padding": [0.1]}}, "guides must hold dscore's p"),
+    ],
+)
+def test_a_malformed_dose_file_is_refused_naming_what_is_wrong(tmp_path: Path, dose: Any, message: str) -> None:
+    with pytest.raises(SystemExit, match=f"--dose_from: .*{message}"):
+        cl.read_dose(_dose_file(tmp_path, dose))
+    assert cl.read_dose(_dose_file(tmp_path, GOOD_DOSE)) == GOOD_DOSE
+
+
+def test_a_dose_file_without_the_control_among_the_arms_stops_the_benchmark_before_any_data(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    path = _dose_file(tmp_path, GOOD_DOSE)
+    monkeypatch.setattr(cl, "SETTINGS", {name: pytest.fail for name in cl.SETTINGS})  # no setting may be built
+    monkeypatch.setattr(cl, "DOSE_FROM", [])
+    monkeypatch.setattr(
+        sys, "argv", ["closed_loop.py", "--setting", "scenes", "--arms", "plain", "--dose_from", str(path)]
+    )
+    with pytest.raises(SystemExit, match="--dose_from: only closed_loop_callbacks-open follows a dose file"):
+        cl.main()
+    monkeypatch.setattr(sys, "argv", ["closed_loop.py", "--dose_from", str(tmp_path / "missing.json")])
+    with pytest.raises(SystemExit, match=r"--dose_from: cannot read a dose from .*missing\.json"):
+        cl.main()
