@@ -69,9 +69,9 @@ to the training batches differs:
   its root mean square ``p``, the robustness properties at random at the guide's strength in each epoch and as
   cases, HDA's ball noise, the metamorphic transformations at random, random digits on fresh backgrounds --,
   each depositing under its detector's origin into the call's own replay, beside its noise and ``KeepOriginals``;
-  with ``--dose_from FILE`` it follows the dose in ``FILE`` instead, the same in every seed, and runs without the
-  call (a dose written once, as a user without detection would have to: its label names the file, so it is
-  never paired with the call of its seed);
+  with ``--dose_from FILE`` it follows the dose in ``FILE`` instead, the same in every seed, and needs no call
+  (a dose written once, as a user without detection would have to; its label names the file, so it is not paired
+  with the call of its seed automatically, though ``--pair`` can);
 - each loop's open-loop control, ``<loop>-open``: the same generator's test cases, *not* chosen by
   detection, at the same dose. The loop's run is recorded -- how many failures it deposited at
   which validation, its replay fraction, its guide's strength in each epoch -- and the control
@@ -803,7 +803,8 @@ it, but ``--properties``, when given, replaces its robustness loop's, and ``--ca
 ``anchor.py``'s ``dlguard`` arm with README's flags runs, but with the library's noise draws."""
 LIBRARY_CONTROL = f"{LIBRARY}-open"
 """``closed_loop_callbacks``' loops, each replaced by its open-loop control at the call's dose (after the call, same
-seeds, :func:`library_open_arm`): the same transformations and cases at random, to tell what detection adds."""
+seeds, :func:`library_open_arm`; with ``--dose_from``, at a file's): the same transformations and cases at random,
+to tell what detection adds."""
 ARMS = ("plain", *STANDARD, *REFERENCES, *LOOPS, *CONTROLS, LIBRARY, LIBRARY_CONTROL)
 DOSE_FROM: list[tuple[str, dict[str, Any]]] = []
 """``--dose_from FILE``: ``(FILE's name, its dose)``, which ``closed_loop_callbacks-open`` follows in every seed in
@@ -812,14 +813,15 @@ DOSE_ORIGINS = ("robustness", "hda", "metamorphic", "relevancy")
 """The origins a dose's ``origins`` may name: the call's detectors that deposit into its bank (D-Score pads only)."""
 
 
-def read_dose(path: Path) -> dict[str, Any]:
+def read_dose(path: Path, epochs: int) -> dict[str, Any]:
     """A dose for ``closed_loop_callbacks-open`` from ``path`` (``--dose_from``), refused before any fit if malformed.
 
     The file holds what a call's record keeps under ``dose`` (``python benchmarks/closed_loop.py --results`` files),
     or a dose written by hand in the same form: ``origins`` (``{origin: {epoch: cases}}``, origins among
-    ``DOSE_ORIGINS``, epochs and cases non-negative integers), ``strength`` (the robustness guide's in each training
-    epoch) and ``guides`` (``{"dscore": [p in each training epoch]}``), probabilities in ``[0, 1]``; other keys
-    (a ``note`` saying where it came from, a record's ``deposits``) are read past. An epoch past a list's end is 0.
+    ``DOSE_ORIGINS``, cases non-negative integers), ``strength`` (the robustness guide's in each training epoch) and
+    ``guides`` (``{"dscore": [p in each training epoch]}``), probabilities in ``[0, 1]``, one per epoch of the run
+    (``epochs``), and every epoch an origin names one of them (``"0"`` to ``"epochs - 1"``), so none of it goes
+    unused; other keys (a ``note`` saying where it came from, a record's ``deposits``) are read past.
     """
     try:
         dose = json.loads(path.read_text())
@@ -831,20 +833,29 @@ def read_dose(path: Path) -> dict[str, Any]:
     origins = dose["origins"]
     if not isinstance(origins, dict) or not set(origins) <= set(DOSE_ORIGINS):
         raise SystemExit(f"--dose_from: {path}'s origins must be a dict of {', '.join(DOSE_ORIGINS)}, got {origins!r}")
+    trained = {str(epoch) for epoch in range(epochs)}  # as a Trainer counts them, and as a record writes them
     for origin, counts in origins.items():
         if not isinstance(counts, dict) or not all(
-            str(epoch).isdigit() and isinstance(n, int) and not isinstance(n, bool) and n >= 0
+            epoch in trained and isinstance(n, int) and not isinstance(n, bool) and n >= 0
             for epoch, n in counts.items()
         ):
-            raise SystemExit(f"--dose_from: {path}'s origins[{origin!r}] must map epochs to counts, got {counts!r}")
+            raise SystemExit(
+                f"--dose_from: {path}'s origins[{origin!r}] must map epochs '0' to '{epochs - 1}' (--epochs {epochs}) "
+                f"to case counts, got {counts!r}"
+            )
     guides = dose["guides"]
     if not isinstance(guides, dict) or "dscore" not in guides:
         raise SystemExit(f"--dose_from: {path}'s guides must hold dscore's p in each epoch, got {guides!r}")
     for name, values in (("strength", dose["strength"]), ("guides['dscore']", guides["dscore"])):
-        if not isinstance(values, list) or not all(
-            isinstance(v, int | float) and not isinstance(v, bool) and 0.0 <= v <= 1.0 for v in values
+        if (
+            not isinstance(values, list)
+            or len(values) != epochs
+            or not all(isinstance(v, int | float) and not isinstance(v, bool) and 0.0 <= v <= 1.0 for v in values)
         ):
-            raise SystemExit(f"--dose_from: {path}'s {name} must be a list of probabilities in [0, 1], got {values!r}")
+            raise SystemExit(
+                f"--dose_from: {path}'s {name} must be a list of {epochs} probabilities in [0, 1], one per epoch "
+                f"(--epochs {epochs}), got {values!r}"
+            )
     return {"origins": origins, "strength": dose["strength"], "guides": {"dscore": guides["dscore"]}}
 
 
@@ -1012,7 +1023,8 @@ def fit(
         setting: the data and network.
         seed: seeds the weights, the shuffles and every callback.
         epochs: training epochs.
-        doses: the doses loops recorded in this seed (a loop adds its own; a control reads its loop's).
+        doses: the doses loops recorded in this seed (a loop adds its own; a control reads its loop's, the call's
+            control ``--dose_from``'s file's where given).
         accelerator: ``"cpu"`` or ``"gpu"``.
         keep: when given, receives the arm (its callbacks, banks and guides) for a look after the fit.
 
@@ -1093,8 +1105,9 @@ def given_options(arm_name: str, setting: Setting) -> dict[str, Any]:
     """The flags other than their defaults that change ``arm_name``'s fit, as its record keeps them (``options``).
 
     A loop's are its callback's, its guide's and, where it has one, its bank's and replay's; a control's are
-    its loop's (it follows the loop's dose) and, where it has a guide, ``--control_draws``; ``dlguard``'s are
-    those of the loops it combines; ``oracle``'s its own. Plain training and the standard augmentations take
+    its loop's (it follows the loop's dose) and, where it has a guide, ``--control_draws`` (the call's control:
+    also ``--dose_from``'s file, whose dose it follows instead); ``dlguard``'s are those of the loops it combines;
+    ``oracle``'s its own. Plain training and the standard augmentations take
     none. (``--epochs`` changes every arm alike: the record keeps it apart, and :func:`merge` refuses to mix.)
 
     Args:
@@ -1436,6 +1449,8 @@ def main() -> None:
     for name in OPTIONS:
         parser.add_argument(f"--{name}", nargs="*", default=None, metavar="KEY=VALUE", help=f"{name}'s arguments")
     args = parser.parse_args()
+    if args.results and args.dose_from:
+        raise SystemExit("--dose_from: a fit's flag; --results only reads the runs of files")
     if args.results:
         results = merge([json.loads(path.read_text()) for path in args.results])
         tables = [*summarise(results), "", *paired(results, [tuple(pair) for pair in args.pair])]  # checks --pair
@@ -1460,9 +1475,11 @@ def main() -> None:
         except TypeError as error:
             raise SystemExit(f"--{name}: {error}; give numbers, strings, None, lists or dicts") from None
     check_call(OPTIONS["call"])
-    DOSE_FROM[:] = [] if args.dose_from is None else [(args.dose_from.name, read_dose(args.dose_from))]
+    DOSE_FROM[:] = [] if args.dose_from is None else [(args.dose_from.name, read_dose(args.dose_from, args.epochs))]
     if DOSE_FROM and args.arms is not None and LIBRARY_CONTROL not in args.arms:
         raise SystemExit(f"--dose_from: only {LIBRARY_CONTROL} follows a dose file; name it in --arms")
+    if DOSE_FROM and args.setting == "mnist" and any(DOSE_FROM[0][1]["origins"].get("relevancy", {}).values()):
+        raise SystemExit("--dose_from: the dose deposits relevancy cases, which need scenes with object masks")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     setting = SETTINGS[args.setting]()

@@ -337,8 +337,9 @@ def test_the_library_control_follows_a_dose_file_in_every_seed_without_the_call(
     split = (torch.rand(20, 3, 32, 32), torch.arange(20) % 10)
     scenes = cl.Setting(split, split, split, cl.resnet18_cifar, val_masks=torch.ones(20, 32, 32))
     origins = {"robustness": {"0": 7}, "hda": {"1": 2, "3": 1}, "metamorphic": {"0": 3}}
-    written = {"note": "by hand", "origins": origins, "strength": [0.0, 0.05], "guides": {"dscore": [0.0, 0.6]}}
-    dose = cl.read_dose(_dose_file(tmp_path, written))
+    written = {"note": "by hand", "origins": origins, "strength": [0.0, 0.05, 0.05, 0.05],
+               "guides": {"dscore": [0.0, 0.6, 0.0, 0.0]}}  # fmt: skip
+    dose = cl.read_dose(_dose_file(tmp_path, written), 4)
     assert "note" not in dose
     own = {"origins": {"robustness": {"0": 1}}, "strength": [0.3], "guides": {"dscore": [0.1]}}
     monkeypatch.setattr(cl, "DOSE_FROM", [("dose.json", dose)])
@@ -347,11 +348,22 @@ def test_the_library_control_follows_a_dose_file_in_every_seed_without_the_call(
             cl.LIBRARY_CONTROL, scenes, seed, doses
         ).callbacks[1:6]
         assert [c.deposits for c in (robustness, hda, metamorphic, relevancy)] == [*origins.values(), {}]
-        assert robustness.strength == [0.0, 0.05]
-        assert padding.guide.p == pytest.approx((0.6**2 / 2) ** 0.5)
+        assert robustness.strength == [0.0, 0.05, 0.05, 0.05]
+        assert padding.guide.p == pytest.approx((0.6**2 / 4) ** 0.5)
     labelled = cl.given_options(cl.LIBRARY_CONTROL, scenes)
     assert labelled == {**cl.given_options(cl.LIBRARY, scenes), "dose_from": "dose.json"}  # the call's has no file
     assert cl._label(cl.LIBRARY_CONTROL, [{"options": labelled}]).endswith("--dose_from dose.json]")
+    # merged beside the control of the call's own dose, and paired with neither the call nor that control by itself
+    call, own_control, fixed = (
+        {"seed": 3, "epochs": 6, "options": options, "clean": 0.9, "mCA": 0.8, "pgd": 0.4}
+        for options in (cl.given_options(cl.LIBRARY, scenes), cl.given_options(cl.LIBRARY, scenes), labelled)
+    )
+    merged = cl.merge([{cl.LIBRARY: [call], cl.LIBRARY_CONTROL: [own_control]}, {cl.LIBRARY_CONTROL: [fixed]}])
+    fixed_key = next(key for key in merged if "dose_from" in key)
+    assert len(merged) == 3 and merged[fixed_key] == [fixed]
+    assert [pair[:2] for pair in cl.comparisons(merged)] == [
+        (cl._label(cl.LIBRARY, [call]), cl._label(cl.LIBRARY_CONTROL, [own_control]))
+    ]
 
 
 def test_a_call_s_recorded_dose_reads_back_as_the_dose_the_control_follows(tmp_path: Path) -> None:
@@ -359,10 +371,15 @@ def test_a_call_s_recorded_dose_reads_back_as_the_dose_the_control_follows(tmp_p
     record = Path(__file__).parents[2] / "docs/results/closed_loop/scenes_resnet18_cpu_avx512.json"
     recorded = json.loads(record.read_text())[f"{cl.LIBRARY} [--properties framework capture exposure]"][0]["dose"]
     parts = {"origins": recorded["origins"], "strength": recorded["strength"]}
-    assert cl.read_dose(_dose_file(tmp_path, recorded)) == {**parts, "guides": {"dscore": recorded["guides"]["dscore"]}}
+    assert cl.read_dose(_dose_file(tmp_path, recorded), 6) == {
+        **parts,
+        "guides": {"dscore": recorded["guides"]["dscore"]},
+    }
+    written = Path(__file__).parents[2] / "docs/results/closed_loop/call_dose_mean_seeds_3_5.json"
+    assert cl.read_dose(written, 6)["strength"][1] == pytest.approx(0.0562)  # the committed file reads for 6 epochs
 
 
-GOOD_DOSE = {"origins": {"hda": {"0": 2}}, "strength": [0.0, 0.1], "guides": {"dscore": [0.0, 0.2]}}
+GOOD_DOSE = {"origins": {"hda": {"0": 2, "1": 0}}, "strength": [0.0, 0.1], "guides": {"dscore": [0.0, 0.2]}}
 
 
 @pytest.mark.parametrize(
@@ -371,32 +388,47 @@ GOOD_DOSE = {"origins": {"hda": {"0": 2}}, "strength": [0.0, 0.1], "guides": {"d
         ([1, 2], "has no origins, strength, guides"),
         ({k: v for k, v in GOOD_DOSE.items() if k != "strength"}, "has no strength"),
         ({**GOOD_DOSE, "origins": {"dscore": {"0": 1}}}, "origins must be a dict of robustness, hda"),
-        ({**GOOD_DOSE, "origins": {"hda": {"0": -1}}}, r"origins\['hda'\] must map epochs to counts"),
-        ({**GOOD_DOSE, "origins": {"hda": {"first": 1}}}, r"origins\['hda'\] must map epochs to counts"),
-        ({**GOOD_DOSE, "origins": {"hda": {"0": 1.5}}}, r"origins\['hda'\] must map epochs to counts"),
-        ({**GOOD_DOSE, "strength": [0.0, 1.5]}, "strength must be a list of probabilities"),
-        ({**GOOD_DOSE, "strength": 0.1}, "strength must be a list of probabilities"),
-        ({**GOOD_DOSE, "guides": {"dscore": [None]}}, r"guides\['dscore'\] must be a list of probabilities"),
+        ({**GOOD_DOSE, "origins": {"hda": {"0": -1}}}, r"origins\['hda'\] must map epochs '0' to '1'"),
+        ({**GOOD_DOSE, "origins": {"hda": {"first": 1}}}, r"origins\['hda'\] must map epochs"),
+        ({**GOOD_DOSE, "origins": {"hda": {"0": 1.5}}}, r"origins\['hda'\] must map epochs"),
+        ({**GOOD_DOSE, "origins": {"hda": {"0": True}}}, r"origins\['hda'\] must map epochs"),
+        ({**GOOD_DOSE, "origins": {"hda": {"2": 1}}}, r"origins\['hda'\] must map epochs '0' to '1' \(--epochs 2\)"),
+        ({**GOOD_DOSE, "origins": {"hda": {"01": 1}}}, r"origins\['hda'\] must map epochs"),  # never a Trainer's
+        ({**GOOD_DOSE, "strength": [0.0, 1.5]}, r"strength must be a list of 2 probabilities in \[0, 1\]"),
+        ({**GOOD_DOSE, "strength": [0.0, float("nan")]}, "strength must be a list of 2 probabilities"),
+        ({**GOOD_DOSE, "strength": [0.1]}, r"strength must be a list of 2 probabilities .* \(--epochs 2\)"),
+        ({**GOOD_DOSE, "strength": 0.1}, "strength must be a list of 2 probabilities"),
+        ({**GOOD_DOSE, "guides": {"dscore": [0.0, 0.1, 0.2]}}, r"guides\['dscore'\] must be a list of 2"),
+        ({**GOOD_DOSE, "guides": {"dscore": [None, 0.0]}}, r"guides\['dscore'\] must be a list of 2"),
         ({**GOOD_DOSE, "guides": {"padding": [0.1]}}, "guides must hold dscore's p"),
     ],
 )
 def test_a_malformed_dose_file_is_refused_naming_what_is_wrong(tmp_path: Path, dose: Any, message: str) -> None:
     with pytest.raises(SystemExit, match=f"--dose_from: .*{message}"):
-        cl.read_dose(_dose_file(tmp_path, dose))
-    assert cl.read_dose(_dose_file(tmp_path, GOOD_DOSE)) == GOOD_DOSE
+        cl.read_dose(_dose_file(tmp_path, dose), 2)
+    assert cl.read_dose(_dose_file(tmp_path, GOOD_DOSE), 2) == GOOD_DOSE
 
 
-def test_a_dose_file_without_the_control_among_the_arms_stops_the_benchmark_before_any_data(
+def test_a_dose_file_the_run_cannot_follow_stops_the_benchmark_before_any_data(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    """Refused before a setting is built: no control among the arms, a missing file, a dose for other epochs,
+    relevancy cases on MNIST (no masks), and a dose file given to ``--results``, which fits nothing."""
     path = _dose_file(tmp_path, GOOD_DOSE)
     monkeypatch.setattr(cl, "SETTINGS", {name: pytest.fail for name in cl.SETTINGS})  # no setting may be built
-    monkeypatch.setattr(cl, "DOSE_FROM", [])
-    monkeypatch.setattr(
-        sys, "argv", ["closed_loop.py", "--setting", "scenes", "--arms", "plain", "--dose_from", str(path)]
-    )
-    with pytest.raises(SystemExit, match="--dose_from: only closed_loop_callbacks-open follows a dose file"):
-        cl.main()
-    monkeypatch.setattr(sys, "argv", ["closed_loop.py", "--dose_from", str(tmp_path / "missing.json")])
-    with pytest.raises(SystemExit, match=r"--dose_from: cannot read a dose from .*missing\.json"):
-        cl.main()
+    for name in ("DOSE_FROM", "COMBINED", "SPREAD", "CONTROL_DRAWS", "PROPERTIES", "LIBRARY_PROPERTIES", "JUDGED",
+                 "ON", "VIOLATION_GUIDE"):  # fmt: skip
+        monkeypatch.setattr(cl, name, list(getattr(cl, name)))  # main sets them in place: restored after the test
+    monkeypatch.setattr(cl, "OPTIONS", {name: {} for name in cl.OPTIONS})
+    relevancy = _dose_file(tmp_path / "..", {**GOOD_DOSE, "origins": {"relevancy": {"1": 10}}})
+    for argv, message in [
+        (["--setting", "scenes", "--arms", "plain", "--epochs", "2", "--dose_from", path],
+         "--dose_from: only closed_loop_callbacks-open follows a dose file"),
+        (["--dose_from", tmp_path / "missing.json"], r"--dose_from: cannot read a dose from .*missing\.json"),
+        (["--dose_from", path], r"strength must be a list of 6 probabilities .* \(--epochs 6\)"),  # the default 6
+        (["--epochs", "2", "--dose_from", relevancy], "relevancy cases, which need scenes with object masks"),
+        (["--results", path, "--dose_from", path], "--dose_from: a fit's flag; --results only reads"),
+    ]:  # fmt: skip
+        monkeypatch.setattr(sys, "argv", ["closed_loop.py", *map(str, argv)])
+        with pytest.raises(SystemExit, match=message):
+            cl.main()
