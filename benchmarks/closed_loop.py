@@ -150,6 +150,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchvision.transforms import v2
 
 from dlguard._own_random import RankGenerator, drawing_from
+from dlguard._validation import probability
 from dlguard.augment import (
     PROPERTY_PRESETS,
     ErrorGuidedAugmentation,
@@ -847,15 +848,16 @@ def read_dose(path: Path, epochs: int) -> dict[str, Any]:
     if not isinstance(guides, dict) or "dscore" not in guides:
         raise SystemExit(f"--dose_from: {path}'s guides must hold dscore's p in each epoch, got {guides!r}")
     for name, values in (("strength", dose["strength"]), ("guides['dscore']", guides["dscore"])):
-        if (
-            not isinstance(values, list)
-            or len(values) != epochs
-            or not all(isinstance(v, int | float) and not isinstance(v, bool) and 0.0 <= v <= 1.0 for v in values)
-        ):
+        try:  # the library's own check of a probability (a number in [0, 1], not a bool, not NaN)
+            if not isinstance(values, list) or len(values) != epochs:
+                raise ValueError(name)
+            for value in values:
+                probability(name, value)
+        except ValueError:
             raise SystemExit(
                 f"--dose_from: {path}'s {name} must be a list of {epochs} probabilities in [0, 1], one per epoch "
                 f"(--epochs {epochs}), got {values!r}"
-            )
+            ) from None
     return {"origins": origins, "strength": dose["strength"], "guides": {"dscore": guides["dscore"]}}
 
 
@@ -1090,12 +1092,14 @@ def fit(
 def arms_for(setting: Setting, arms: list[str] | None, combine: list[str]) -> list[str]:
     """The arms to run: ``arms`` as given, or every arm the setting has (object relevancy's need masks).
 
-    Refuses, before any fit, what ``--arms`` and ``--combine`` cannot run on ``setting``.
+    Refuses, before any fit, what ``--arms``, ``--combine`` and ``--dose_from`` cannot run on ``setting``.
     """
     _one_padding(combine)
-    if setting.val_masks is None:  # no objects to move: object relevancy's arms are the scenes'
+    if setting.val_masks is None:  # no objects to move: object relevancy's arms (and cases) are the scenes'
         asked = [f"--arms {arm}" for arm in arms or [] if arm.startswith("relevancy")]
         asked += [f"--combine {loop}" for loop in combine if loop == "relevancy"]
+        if DOSE_FROM and any(DOSE_FROM[0][1]["origins"].get("relevancy", {}).values()):
+            asked.append(f"--dose_from {DOSE_FROM[0][0]} (its relevancy cases)")
         if asked:
             raise SystemExit(f"{', '.join(asked)}: needs scenes with object masks (--setting scenes or spurious)")
     return arms or [arm for arm in ARMS if setting.val_masks is not None or not arm.startswith("relevancy")]
@@ -1478,8 +1482,6 @@ def main() -> None:
     DOSE_FROM[:] = [] if args.dose_from is None else [(args.dose_from.name, read_dose(args.dose_from, args.epochs))]
     if DOSE_FROM and args.arms is not None and LIBRARY_CONTROL not in args.arms:
         raise SystemExit(f"--dose_from: only {LIBRARY_CONTROL} follows a dose file; name it in --arms")
-    if DOSE_FROM and args.setting == "mnist" and any(DOSE_FROM[0][1]["origins"].get("relevancy", {}).values()):
-        raise SystemExit("--dose_from: the dose deposits relevancy cases, which need scenes with object masks")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     setting = SETTINGS[args.setting]()

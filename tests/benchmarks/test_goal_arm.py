@@ -412,23 +412,35 @@ def test_a_malformed_dose_file_is_refused_naming_what_is_wrong(tmp_path: Path, d
 def test_a_dose_file_the_run_cannot_follow_stops_the_benchmark_before_any_data(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Refused before a setting is built: no control among the arms, a missing file, a dose for other epochs,
-    relevancy cases on MNIST (no masks), and a dose file given to ``--results``, which fits nothing."""
+    """Refused before a setting is built: no control among the arms, a missing file, a dose for other epochs, and a
+    dose file given to ``--results``, which fits nothing."""
     path = _dose_file(tmp_path, GOOD_DOSE)
     monkeypatch.setattr(cl, "SETTINGS", {name: pytest.fail for name in cl.SETTINGS})  # no setting may be built
     for name in ("DOSE_FROM", "COMBINED", "SPREAD", "CONTROL_DRAWS", "PROPERTIES", "LIBRARY_PROPERTIES", "JUDGED",
                  "ON", "VIOLATION_GUIDE"):  # fmt: skip
         monkeypatch.setattr(cl, name, list(getattr(cl, name)))  # main sets them in place: restored after the test
     monkeypatch.setattr(cl, "OPTIONS", {name: {} for name in cl.OPTIONS})
-    relevancy = _dose_file(tmp_path / "..", {**GOOD_DOSE, "origins": {"relevancy": {"1": 10}}})
     for argv, message in [
         (["--setting", "scenes", "--arms", "plain", "--epochs", "2", "--dose_from", path],
          "--dose_from: only closed_loop_callbacks-open follows a dose file"),
         (["--dose_from", tmp_path / "missing.json"], r"--dose_from: cannot read a dose from .*missing\.json"),
         (["--dose_from", path], r"strength must be a list of 6 probabilities .* \(--epochs 6\)"),  # the default 6
-        (["--epochs", "2", "--dose_from", relevancy], "relevancy cases, which need scenes with object masks"),
         (["--results", path, "--dose_from", path], "--dose_from: a fit's flag; --results only reads"),
     ]:  # fmt: skip
         monkeypatch.setattr(sys, "argv", ["closed_loop.py", *map(str, argv)])
         with pytest.raises(SystemExit, match=message):
             cl.main()
+
+
+def test_a_dose_with_relevancy_cases_is_refused_on_a_setting_without_masks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As object relevancy's arms are: its control could not deposit them (no objects to move); refused before a fit."""
+    split = (torch.rand(20, 3, 32, 32), torch.arange(20) % 10)
+    digits = cl.Setting(split, split, split, cl.resnet18_cifar)  # no val_masks: MNIST-like
+    scenes = cl.Setting(split, split, split, cl.resnet18_cifar, val_masks=torch.ones(20, 32, 32))
+    dose = {**GOOD_DOSE, "origins": {"relevancy": {"1": 10}}}
+    monkeypatch.setattr(cl, "DOSE_FROM", [("relevancy.json", dose)])
+    with pytest.raises(SystemExit, match=r"--dose_from relevancy\.json \(its relevancy cases\): needs scenes"):
+        cl.arms_for(digits, [cl.LIBRARY_CONTROL], [])
+    assert cl.arms_for(scenes, [cl.LIBRARY_CONTROL], []) == [cl.LIBRARY_CONTROL]
+    monkeypatch.setattr(cl, "DOSE_FROM", [("none.json", {**GOOD_DOSE, "origins": {"relevancy": {"1": 0}}})])
+    assert cl.arms_for(digits, [cl.LIBRARY_CONTROL], []) == [cl.LIBRARY_CONTROL]  # no case to deposit: runs
