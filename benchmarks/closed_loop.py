@@ -71,7 +71,8 @@ to the training batches differs:
   each depositing under its detector's origin into the call's own replay, beside its noise and ``KeepOriginals``;
   with ``--dose_from FILE`` it follows the dose in ``FILE`` instead, the same in every seed, and needs no call
   (a dose written once, as a user without detection would have to; its label names the file, so it is not paired
-  with the call of its seed automatically, though ``--pair`` can);
+  with the call of its seed automatically, though ``--pair`` can), or, where ``FILE`` holds one dose per seed
+  (``{"seeds": {"3": dose, ...}}``), each seed's own: the control at the doses a call recorded, rerun without it;
 - each loop's open-loop control, ``<loop>-open``: the same generator's test cases, *not* chosen by
   detection, at the same dose. The loop's run is recorded -- how many failures it deposited at
   which validation, its replay fraction, its guide's strength in each epoch -- and the control
@@ -807,9 +808,10 @@ LIBRARY_CONTROL = f"{LIBRARY}-open"
 seeds, :func:`library_open_arm`; with ``--dose_from``, at a file's): the same transformations and cases at random,
 to tell what detection adds."""
 ARMS = ("plain", *STANDARD, *REFERENCES, *LOOPS, *CONTROLS, LIBRARY, LIBRARY_CONTROL)
-DOSE_FROM: list[tuple[str, dict[str, Any]]] = []
-"""``--dose_from FILE``: ``(FILE's name, its dose)``, which ``closed_loop_callbacks-open`` follows in every seed in
-place of the dose the call recorded in the same seed (:func:`read_dose`). Empty: the call's (it runs first)."""
+DOSE_FROM: list[tuple[str, dict[int, dict[str, Any]]]] = []
+"""``--dose_from FILE``: ``(FILE's name, {seed: its dose})``, which ``closed_loop_callbacks-open`` follows in each
+seed in place of the dose the call recorded in the same seed (:func:`read_doses`). Empty: the call's (it runs
+first)."""
 DOSE_ORIGINS = ("robustness", "hda", "metamorphic", "relevancy")
 """The origins a dose's ``origins`` may name: the call's detectors that deposit into its bank (D-Score pads only)."""
 
@@ -824,16 +826,45 @@ def read_dose(path: Path, epochs: int) -> dict[str, Any]:
     (``epochs``), and every epoch an origin names one of them (``"0"`` to ``"epochs - 1"``), so none of it goes
     unused; other keys (a ``note`` saying where it came from, a record's ``deposits``) are read past.
     """
+    return _checked_dose(_read_json(path), str(path), epochs)
+
+
+def read_doses(path: Path, epochs: int, seeds: Sequence[int]) -> dict[int, dict[str, Any]]:
+    """``{seed: dose}`` for every one of ``seeds`` from ``path`` (``--dose_from``), refused before any fit if malformed.
+
+    ``path`` holds one dose (:func:`read_dose`'s form), followed in every seed, or one dose per seed under
+    ``"seeds"`` (``{"seeds": {"3": dose, "4": dose}}``; a ``note`` beside it is read past), each seed following its
+    own: how a control at the doses the call recorded seed by seed reruns without the call (each seed's record's
+    ``dose``), under one label. A seed of ``seeds`` the file holds no dose for is refused.
+    """
+    given = _read_json(path)
+    if not (isinstance(given, dict) and "seeds" in given):
+        dose = _checked_dose(given, str(path), epochs)
+        return dict.fromkeys(seeds, dose)
+    per_seed = given["seeds"]
+    if not isinstance(per_seed, dict) or not all(isinstance(k, str) and k.isdecimal() for k in per_seed):
+        raise SystemExit(f"--dose_from: {path}'s seeds must map seeds ('3') to doses, got {per_seed!r}")
+    missing = [seed for seed in seeds if str(seed) not in per_seed]
+    if missing:
+        raise SystemExit(f"--dose_from: {path} holds no dose for seeds {missing} (--seeds); it has {list(per_seed)}")
+    return {seed: _checked_dose(per_seed[str(seed)], f"{path}'s seeds['{seed}']", epochs) for seed in seeds}
+
+
+def _read_json(path: Path) -> Any:
     try:
-        dose = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError) as error:
         raise SystemExit(f"--dose_from: cannot read a dose from {path}: {error}") from None
+
+
+def _checked_dose(dose: Any, where: str, epochs: int) -> dict[str, Any]:
+    """``dose``'s three parts (:func:`read_dose`), or a ``SystemExit`` naming ``where`` and what is wrong."""
     missing = [key for key in ("origins", "strength", "guides") if not isinstance(dose, dict) or key not in dose]
     if missing:
-        raise SystemExit(f"--dose_from: {path} has no {', '.join(missing)} (a call's recorded dose has all three)")
+        raise SystemExit(f"--dose_from: {where} has no {', '.join(missing)} (a call's recorded dose has all three)")
     origins = dose["origins"]
     if not isinstance(origins, dict) or not set(origins) <= set(DOSE_ORIGINS):
-        raise SystemExit(f"--dose_from: {path}'s origins must be a dict of {', '.join(DOSE_ORIGINS)}, got {origins!r}")
+        raise SystemExit(f"--dose_from: {where}'s origins must be a dict of {', '.join(DOSE_ORIGINS)}, got {origins!r}")
     trained = {str(epoch) for epoch in range(epochs)}  # as a Trainer counts them, and as a record writes them
     for origin, counts in origins.items():
         if not isinstance(counts, dict) or not all(
@@ -841,12 +872,12 @@ def read_dose(path: Path, epochs: int) -> dict[str, Any]:
             for epoch, n in counts.items()
         ):
             raise SystemExit(
-                f"--dose_from: {path}'s origins[{origin!r}] must map epochs '0' to '{epochs - 1}' (--epochs {epochs}) "
+                f"--dose_from: {where}'s origins[{origin!r}] must map epochs '0' to '{epochs - 1}' (--epochs {epochs}) "
                 f"to case counts, got {counts!r}"
             )
     guides = dose["guides"]
     if not isinstance(guides, dict) or "dscore" not in guides:
-        raise SystemExit(f"--dose_from: {path}'s guides must hold dscore's p in each epoch, got {guides!r}")
+        raise SystemExit(f"--dose_from: {where}'s guides must hold dscore's p in each epoch, got {guides!r}")
     for name, values in (("strength", dose["strength"]), ("guides['dscore']", guides["dscore"])):
         try:  # the library's own check of a probability (a number in [0, 1], not a bool, not NaN)
             if not isinstance(values, list) or len(values) != epochs:
@@ -855,7 +886,7 @@ def read_dose(path: Path, epochs: int) -> dict[str, Any]:
                 probability(name, value)
         except ValueError:
             raise SystemExit(
-                f"--dose_from: {path}'s {name} must be a list of {epochs} probabilities in [0, 1], one per epoch "
+                f"--dose_from: {where}'s {name} must be a list of {epochs} probabilities in [0, 1], one per epoch "
                 f"(--epochs {epochs}), got {values!r}"
             ) from None
     return {"origins": origins, "strength": dose["strength"], "guides": {"dscore": guides["dscore"]}}
@@ -992,8 +1023,8 @@ def make_arm(arm_name: str, setting: Setting, seed: int, doses: dict[str, Any]) 
         dose = LibraryDose(callbacks)
         return Arm([*callbacks, dose], dose=dose)
     if arm_name == LIBRARY_CONTROL:
-        if DOSE_FROM:  # a dose written once (--dose_from), the same in every seed: no call's detection in this run
-            return library_open_arm(setting, seed, DOSE_FROM[0][1])
+        if DOSE_FROM:  # a dose from a file (--dose_from), written once or per seed: no call's detection in this run
+            return library_open_arm(setting, seed, DOSE_FROM[0][1][seed])
         if LIBRARY not in doses:
             raise SystemExit(f"--arms: {arm_name} follows the dose of {LIBRARY}: run {LIBRARY} before it (same seeds)")
         return library_open_arm(setting, seed, doses[LIBRARY])
@@ -1098,7 +1129,7 @@ def arms_for(setting: Setting, arms: list[str] | None, combine: list[str]) -> li
     if setting.val_masks is None:  # no objects to move: object relevancy's arms (and cases) are the scenes'
         asked = [f"--arms {arm}" for arm in arms or [] if arm.startswith("relevancy")]
         asked += [f"--combine {loop}" for loop in combine if loop == "relevancy"]
-        if DOSE_FROM and any(DOSE_FROM[0][1]["origins"].get("relevancy", {}).values()):
+        if DOSE_FROM and any(any(dose["origins"].get("relevancy", {}).values()) for dose in DOSE_FROM[0][1].values()):
             asked.append(f"--dose_from {DOSE_FROM[0][0]} (its relevancy cases)")
         if asked:
             raise SystemExit(f"{', '.join(asked)}: needs scenes with object masks (--setting scenes or spurious)")
@@ -1436,7 +1467,8 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument(
         "--dose_from", type=Path, default=None, metavar="FILE",
-        help=f"{LIBRARY_CONTROL} follows the dose in FILE (a call's recorded dose) in every seed, not the call's run",
+        help=f"{LIBRARY_CONTROL} follows the dose in FILE (a call's recorded dose; or one per seed, under 'seeds') "
+        "in every seed, not the call's run",
     )  # fmt: skip
     parser.add_argument(
         "--judge", choices=("all", "goal"), default="all",
@@ -1479,7 +1511,8 @@ def main() -> None:
         except TypeError as error:
             raise SystemExit(f"--{name}: {error}; give numbers, strings, None, lists or dicts") from None
     check_call(OPTIONS["call"])
-    DOSE_FROM[:] = [] if args.dose_from is None else [(args.dose_from.name, read_dose(args.dose_from, args.epochs))]
+    dose_from = args.dose_from
+    DOSE_FROM[:] = [] if dose_from is None else [(dose_from.name, read_doses(dose_from, args.epochs, args.seeds))]
     if DOSE_FROM and args.arms is not None and LIBRARY_CONTROL not in args.arms:
         raise SystemExit(f"--dose_from: only {LIBRARY_CONTROL} follows a dose file; name it in --arms")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)

@@ -342,7 +342,7 @@ def test_the_library_control_follows_a_dose_file_in_every_seed_without_the_call(
     dose = cl.read_dose(_dose_file(tmp_path, written), 4)
     assert "note" not in dose
     own = {"origins": {"robustness": {"0": 1}}, "strength": [0.3], "guides": {"dscore": [0.1]}}
-    monkeypatch.setattr(cl, "DOSE_FROM", [("dose.json", dose)])
+    monkeypatch.setattr(cl, "DOSE_FROM", [("dose.json", cl.read_doses(_dose_file(tmp_path, written), 4, [3, 4]))])
     for seed, doses in ((3, {}), (4, {cl.LIBRARY: own})):  # the file's dose, even where the call's ran in the seed
         padding, robustness, hda, metamorphic, relevancy = cl.make_arm(
             cl.LIBRARY_CONTROL, scenes, seed, doses
@@ -409,12 +409,43 @@ def test_a_malformed_dose_file_is_refused_naming_what_is_wrong(tmp_path: Path, d
     assert cl.read_dose(_dose_file(tmp_path, GOOD_DOSE), 2) == GOOD_DOSE
 
 
+def test_a_dose_file_of_one_dose_per_seed_gives_each_seed_its_own(tmp_path: Path) -> None:
+    """``{"seeds": {seed: dose}}``: each seed follows its own dose (the call's records, rerun without the call), one
+    dose alone every seed; a seed without a dose, a malformed map or a malformed seed's dose is refused, named."""
+    other = {**GOOD_DOSE, "strength": [0.0, 0.3]}
+    per_seed = {"note": "by hand", "seeds": {"3": GOOD_DOSE, "4": other}}
+    assert cl.read_doses(_dose_file(tmp_path, per_seed), 2, [4, 3]) == {3: GOOD_DOSE, 4: other}
+    assert cl.read_doses(_dose_file(tmp_path, other), 2, [3, 4]) == {3: other, 4: other}
+    for given, message in [
+        (per_seed, r"holds no dose for seeds \[5\] \(--seeds\); it has \['3', '4'\]"),
+        ({"seeds": [GOOD_DOSE]}, r"seeds must map seeds \('3'\) to doses"),
+        ({"seeds": {"three": GOOD_DOSE}}, r"seeds must map seeds \('3'\) to doses"),
+        ({"seeds": {"3": GOOD_DOSE, "5": {**GOOD_DOSE, "strength": [0.5]}}},
+         r"seeds\['5'\]'s strength must be a list of 2 probabilities"),
+    ]:  # fmt: skip
+        with pytest.raises(SystemExit, match=f"--dose_from: .*{message}"):
+            cl.read_doses(_dose_file(tmp_path, given), 2, [3, 5])
+
+
+def test_a_control_at_each_seed_s_recorded_dose_follows_the_call_s_records(tmp_path: Path) -> None:
+    """The per-seed file of the call's records at ``budget=0.15`` on seeds 3-5 (``call_doses_seeds_3_5.json``) is
+    each seed's record's ``dose``, as the own-dose control followed it: its seed 3 is the seed-3 file's dose."""
+    results = Path(__file__).parents[2] / "docs/results/closed_loop"
+    records = json.loads((results / "scenes_resnet18_cpu_avx512.json").read_text())
+    recorded = {run["seed"]: run["dose"] for run in records[f"{cl.LIBRARY} [--properties framework capture exposure]"]}
+    doses = cl.read_doses(results / "call_doses_seeds_3_5.json", 6, [3, 4, 5])
+    assert doses == {seed: cl._checked_dose(recorded[seed], "record", 6) for seed in (3, 4, 5)}
+    assert doses[3] == cl.read_dose(results / "call_dose_seed3.json", 6)
+
+
 def test_a_dose_file_the_run_cannot_follow_stops_the_benchmark_before_any_data(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Refused before a setting is built: no control among the arms, a missing file, a dose for other epochs, and a
     dose file given to ``--results``, which fits nothing."""
     path = _dose_file(tmp_path, GOOD_DOSE)
+    per_seed = tmp_path / "per_seed.json"
+    per_seed.write_text(json.dumps({"seeds": {"3": GOOD_DOSE, "4": GOOD_DOSE}}))
     monkeypatch.setattr(cl, "SETTINGS", {name: pytest.fail for name in cl.SETTINGS})  # no setting may be built
     for name in ("DOSE_FROM", "COMBINED", "SPREAD", "CONTROL_DRAWS", "PROPERTIES", "LIBRARY_PROPERTIES", "JUDGED",
                  "ON", "VIOLATION_GUIDE"):  # fmt: skip
@@ -426,6 +457,8 @@ def test_a_dose_file_the_run_cannot_follow_stops_the_benchmark_before_any_data(
         (["--dose_from", tmp_path / "missing.json"], r"--dose_from: cannot read a dose from .*missing\.json"),
         (["--dose_from", path], r"strength must be a list of 6 probabilities .* \(--epochs 6\)"),  # the default 6
         (["--results", path, "--dose_from", path], "--dose_from: a fit's flag; --results only reads"),
+        (["--seeds", "3", "5", "--epochs", "2", "--dose_from", per_seed],
+         r"holds no dose for seeds \[5\] \(--seeds\); it has \['3', '4'\]"),
     ]:  # fmt: skip
         monkeypatch.setattr(sys, "argv", ["closed_loop.py", *map(str, argv)])
         with pytest.raises(SystemExit, match=message):
@@ -438,9 +471,9 @@ def test_a_dose_with_relevancy_cases_is_refused_on_a_setting_without_masks(monke
     digits = cl.Setting(split, split, split, cl.resnet18_cifar)  # no val_masks: MNIST-like
     scenes = cl.Setting(split, split, split, cl.resnet18_cifar, val_masks=torch.ones(20, 32, 32))
     dose = {**GOOD_DOSE, "origins": {"relevancy": {"1": 10}}}
-    monkeypatch.setattr(cl, "DOSE_FROM", [("relevancy.json", dose)])
+    monkeypatch.setattr(cl, "DOSE_FROM", [("relevancy.json", {0: GOOD_DOSE, 1: dose})])  # one seed's is enough
     with pytest.raises(SystemExit, match=r"--dose_from relevancy\.json \(its relevancy cases\): needs scenes"):
         cl.arms_for(digits, [cl.LIBRARY_CONTROL], [])
     assert cl.arms_for(scenes, [cl.LIBRARY_CONTROL], []) == [cl.LIBRARY_CONTROL]
-    monkeypatch.setattr(cl, "DOSE_FROM", [("none.json", {**GOOD_DOSE, "origins": {"relevancy": {"1": 0}}})])
+    monkeypatch.setattr(cl, "DOSE_FROM", [("none.json", {0: {**GOOD_DOSE, "origins": {"relevancy": {"1": 0}}}})])
     assert cl.arms_for(digits, [cl.LIBRARY_CONTROL], []) == [cl.LIBRARY_CONTROL]  # no case to deposit: runs
