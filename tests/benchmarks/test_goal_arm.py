@@ -409,12 +409,21 @@ def test_a_malformed_dose_file_is_refused_naming_what_is_wrong(tmp_path: Path, d
     assert cl.read_dose(_dose_file(tmp_path, GOOD_DOSE), 2) == GOOD_DOSE
 
 
-def test_a_dose_file_of_one_dose_per_seed_gives_each_seed_its_own(tmp_path: Path) -> None:
+def test_a_dose_file_of_one_dose_per_seed_gives_each_seed_its_own(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """``{"seeds": {seed: dose}}``: each seed follows its own dose (the call's records, rerun without the call), one
     dose alone every seed; a seed without a dose, a malformed map or a malformed seed's dose is refused, named."""
-    other = {**GOOD_DOSE, "strength": [0.0, 0.3]}
+    other = {**GOOD_DOSE, "strength": [0.0, 0.3], "origins": {"hda": {"1": 4}}}
     per_seed = {"note": "by hand", "seeds": {"3": GOOD_DOSE, "4": other}}
-    assert cl.read_doses(_dose_file(tmp_path, per_seed), 2, [4, 3]) == {3: GOOD_DOSE, 4: other}
+    doses = cl.read_doses(_dose_file(tmp_path, per_seed), 2, [4, 3])
+    assert doses == {3: GOOD_DOSE, 4: other}
+    split = (torch.rand(20, 3, 32, 32), torch.arange(20) % 10)
+    scenes = cl.Setting(split, split, split, cl.resnet18_cifar, val_masks=torch.ones(20, 32, 32))
+    monkeypatch.setattr(cl, "DOSE_FROM", [("per_seed.json", doses)])
+    for seed, dose in doses.items():  # the arm each seed fits follows that seed's dose
+        robustness, hda = cl.make_arm(cl.LIBRARY_CONTROL, scenes, seed, {}).callbacks[2:4]
+        assert (robustness.strength, hda.deposits) == (dose["strength"], dose["origins"]["hda"])
     assert cl.read_doses(_dose_file(tmp_path, other), 2, [3, 4]) == {3: other, 4: other}
     for given, message in [
         (per_seed, r"holds no dose for seeds \[5\] \(--seeds\); it has \['3', '4'\]"),
