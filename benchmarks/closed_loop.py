@@ -816,26 +816,19 @@ DOSE_ORIGINS = ("robustness", "hda", "metamorphic", "relevancy")
 """The origins a dose's ``origins`` may name: the call's detectors that deposit into its bank (D-Score pads only)."""
 
 
-def read_dose(path: Path, epochs: int) -> dict[str, Any]:
-    """A dose for ``closed_loop_callbacks-open`` from ``path`` (``--dose_from``), refused before any fit if malformed.
-
-    The file holds what a call's record keeps under ``dose`` (``python benchmarks/closed_loop.py --results`` files),
-    or a dose written by hand in the same form: ``origins`` (``{origin: {epoch: cases}}``, origins among
-    ``DOSE_ORIGINS``, cases non-negative integers), ``strength`` (the robustness guide's in each training epoch) and
-    ``guides`` (``{"dscore": [p in each training epoch]}``), probabilities in ``[0, 1]``, one per epoch of the run
-    (``epochs``), and every epoch an origin names one of them (``"0"`` to ``"epochs - 1"``), so none of it goes
-    unused; other keys (a ``note`` saying where it came from, a record's ``deposits``) are read past.
-    """
-    return _checked_dose(_read_json(path), str(path), epochs)
-
-
 def read_doses(path: Path, epochs: int, seeds: Sequence[int]) -> dict[int, dict[str, Any]]:
     """``{seed: dose}`` for every one of ``seeds`` from ``path`` (``--dose_from``), refused before any fit if malformed.
 
-    ``path`` holds one dose (:func:`read_dose`'s form), followed in every seed, or one dose per seed under
-    ``"seeds"`` (``{"seeds": {"3": dose, "4": dose}}``; a ``note`` beside it is read past), each seed following its
-    own: how a control at the doses the call recorded seed by seed reruns without the call (each seed's record's
-    ``dose``), under one label. A seed of ``seeds`` the file holds no dose for is refused.
+    A dose is what a call's record keeps under ``dose`` (``python benchmarks/closed_loop.py --results`` files), or
+    one written by hand in the same form: ``origins`` (``{origin: {epoch: cases}}``, origins among
+    ``DOSE_ORIGINS``, cases non-negative integers), ``strength`` (the robustness guide's in each training epoch) and
+    ``guides`` (``{"dscore": [p in each training epoch]}``), probabilities in ``[0, 1]``, one per epoch of the run
+    (``epochs``), and every epoch an origin names one of them (``"0"`` to ``"epochs - 1"``), so none of it goes
+    unused; other keys (a ``note`` saying where it came from, a record's ``deposits``) are read past. ``path``
+    holds one dose, followed in every seed, or one per seed under ``"seeds"`` (``{"seeds": {"3": dose, "4":
+    dose}}``, a ``note`` beside it read past), each seed following its own: how a control at the doses the call
+    recorded seed by seed reruns without the call (each seed's record's ``dose``), under one label. A seed of
+    ``seeds`` the file holds no dose for is refused.
     """
     given = _read_json(path)
     if not (isinstance(given, dict) and "seeds" in given):
@@ -858,7 +851,7 @@ def _read_json(path: Path) -> Any:
 
 
 def _checked_dose(dose: Any, where: str, epochs: int) -> dict[str, Any]:
-    """``dose``'s three parts (:func:`read_dose`), or a ``SystemExit`` naming ``where`` and what is wrong."""
+    """``dose``'s three parts (:func:`read_doses`), or a ``SystemExit`` naming ``where`` and what is wrong."""
     missing = [key for key in ("origins", "strength", "guides") if not isinstance(dose, dict) or key not in dose]
     if missing:
         raise SystemExit(f"--dose_from: {where} has no {', '.join(missing)} (a call's recorded dose has all three)")
