@@ -126,6 +126,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import functools
 import inspect
 import json
 import logging
@@ -487,19 +488,44 @@ class OpenLoop(L.Callback):
         count = self.deposits.get(str(trainer.current_epoch), 0)
         if trainer.sanity_checking or not count or self.generate is None or self.bank is None:
             return
-        inputs, labels = self.source
-        rows = self._rows(count)
-        with torch.random.fork_rng(devices=[]):  # the cases' own draws: training's RNG goes on as in the loop's run
-            torch.manual_seed(int(torch.randint(2**31, (1,), generator=self.generator)))
-            cases = self.generate(inputs[rows], labels[rows], pl_module)
-        self.bank.add(cases, labels[rows], origin=self.origin)
-        self.deposited[str(trainer.current_epoch)] = len(rows)
+        cases, labels = random_cases(self.source, self.generate, count, self.generator, pl_module)
+        self.bank.add(cases, labels, origin=self.origin)
+        self.deposited[str(trainer.current_epoch)] = len(labels)
 
-    def _rows(self, count: int) -> Tensor:
-        """``count`` random validation rows: whole passes over the split, then part of one more."""
-        total = len(self.source[1])
-        rounds = -(-count // total)
-        return torch.cat([torch.randperm(total, generator=self.generator) for _ in range(rounds)])[:count]
+
+def random_rows(generator: torch.Generator, total: int, count: int) -> Tensor:
+    """``count`` random rows of a split of ``total``: whole passes over it, then part of one more."""
+    rounds = -(-count // total)
+    return torch.cat([torch.randperm(total, generator=generator) for _ in range(rounds)])[:count]
+
+
+def random_cases(
+    source: tuple[Tensor, Tensor],
+    generate: Callable[[Tensor, Tensor, nn.Module], Tensor],
+    count: int,
+    generator: torch.Generator,
+    model: nn.Module,
+) -> tuple[Tensor, Tensor]:
+    """``count`` cases of ``generate`` made from random rows of ``source``, with the rows' true labels.
+
+    The rows come from ``generator``, and so does the seed of ``generate``'s own draws, which leave the global RNG
+    as they found it: training's RNG goes on as in a run without them.
+    """
+    inputs, labels = source
+    rows = random_rows(generator, len(labels), count)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(torch.randint(2**31, (1,), generator=generator)))
+        return generate(inputs[rows], labels[rows], model), labels[rows]
+
+
+def random_scenes(
+    source: tuple[Tensor, Tensor], masks: Tensor, fresh: int, count: int, generator: torch.Generator
+) -> tuple[Tensor, Tensor]:
+    """``count`` rows of random scenes' objects on ``fresh`` backgrounds each (``ceil(count / fresh)`` scenes)."""
+    (inputs, labels), rows = source, random_rows(generator, len(source[1]), -(-count // fresh))
+    seed = int(torch.randint(2**31, (1,), generator=generator))
+    moved = objects_on_fresh_backgrounds(inputs[rows], masks[rows], labels[rows], fresh, seed=seed)
+    return moved.inputs[:count], moved.labels[:count]
 
 
 class RelevancyOpenLoop(OpenLoop):
@@ -521,11 +547,9 @@ class RelevancyOpenLoop(OpenLoop):
         count = self.deposits.get(str(trainer.current_epoch), 0)
         if trainer.sanity_checking or not count or self.bank is None:
             return
-        (inputs, labels), rows = self.source, self._rows(-(-count // self.fresh))
-        seed = int(torch.randint(2**31, (1,), generator=self.generator))
-        moved = objects_on_fresh_backgrounds(inputs[rows], self.masks[rows], labels[rows], self.fresh, seed=seed)
-        self.bank.add(moved.inputs[:count], moved.labels[:count], origin=self.origin)
-        self.deposited[str(trainer.current_epoch)] = len(moved.inputs[:count])
+        cases, labels = random_scenes(self.source, self.masks, self.fresh, count, self.generator)
+        self.bank.add(cases, labels, origin=self.origin)
+        self.deposited[str(trainer.current_epoch)] = len(labels)
 
 
 def random_properties(properties: list) -> Callable[[Tensor, Tensor, nn.Module], Tensor]:
@@ -763,6 +787,73 @@ def library_open_arm(setting: Setting, seed: int, dose: dict[str, Any]) -> Arm:
     return Arm([*before, *controls, replay, found[KeepOriginals]])
 
 
+class RandomFill(L.Callback):
+    """Detection sets the dose, random fills it: each detector's deposit replaced by as many random cases.
+
+    Wraps ``bank.add``: when a detector adds ``n`` failures under its origin, ``n`` cases of that origin's generator
+    go into the bank instead, made from random rows of ``source`` with their true labels (``makers``: ``{origin:
+    (count, generator, model) -> (cases, labels)}``, each origin drawing from a generator of its own, seeded as the
+    call's control seeds its stand-in of that detector). What the detector measured (how many failed, when) sets
+    how many; which inputs, and how they are transformed, is drawn at random. Training's RNG goes on as in the
+    call's run: the cases draw from their own generators.
+    """
+
+    def __init__(self, bank: FailureBank, makers: dict[str, Callable[..., tuple[Tensor, Tensor]]],
+                 seeds: dict[str, int]) -> None:  # fmt: skip
+        self.makers = makers
+        self.generators = {origin: torch.Generator().manual_seed(seed) for origin, seed in seeds.items()}
+        self.model: nn.Module | None = None
+        add = bank.add
+
+        def filled(inputs: Tensor, labels: Tensor, origin: str) -> None:
+            add(*self.makers[origin](len(labels), self.generators[origin], self.model), origin)
+
+        bank.add = filled  # type: ignore[method-assign]
+
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.model = pl_module
+
+
+def spread_evenly(guide: ErrorGuidedAugmentation) -> None:
+    """Make ``guide`` keep of each proposal its mean in every cell (``SpreadGuide``'s ``even``), its strength kept."""
+    set_proposal = guide.set_proposal
+
+    def even(proposal: Tensor | Any) -> None:
+        set_proposal(proposal)  # the cells' own checks first
+        set_proposal(guide.proposal.mean().expand_as(guide.proposal))
+
+    guide.set_proposal = even  # type: ignore[method-assign]
+
+
+def library_fill(call: list[L.Callback], setting: Setting, seed: int) -> list[L.Callback]:
+    """``closed_loop_callbacks-fill``: the call, its detectors setting the dose and random cases filling it.
+
+    The call's callbacks as they are, but its bank's deposits are random cases of its control's generators
+    (:class:`RandomFill`, the same generators and row seeds as :func:`library_open_arm`'s stand-ins) and its
+    robustness guide's proposal is spread evenly over classes and properties at its mean (the strength the detector
+    set). D-Score's padding is the call's: its ``p`` is one number for every input already.
+    """
+    found = {type(c): c for c in call}
+    spread_evenly(found[RobustnessCallback].guide)
+    source = setting.val
+    makers: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
+        origin: functools.partial(random_cases, source, generate)
+        for origin, generate in (
+            ("robustness", random_properties(found[RobustnessCallback].properties)),
+            ("hda", ball_noise(found[HDACallback].radius)),
+            ("metamorphic", random_properties(found[MetamorphicCallback].properties)),
+        )
+    }
+    if ObjectRelevancyCallback in found:
+        assert setting.val_masks is not None
+        fresh = max(1, found[ObjectRelevancyCallback].fresh_backgrounds)
+        makers["relevancy"] = lambda count, generator, model: random_scenes(
+            source, setting.val_masks, fresh, count, generator
+        )
+    seeds = {origin: seed + offset for offset, origin in enumerate(DOSE_ORIGINS, start=1)}
+    return [*call, RandomFill(found[FailureReplay].bank, makers, seeds)]
+
+
 LOOP_TYPES = (DScoreCallback, RobustnessCallback, HDACallback, MetamorphicCallback, ObjectRelevancyCallback)
 """The detectors of ``closed_loop_callbacks``, which its control replaces."""
 LOOPS = ("robustness", "dscore", "hda", "metamorphic", "relevancy", "dlguard")
@@ -807,7 +898,13 @@ LIBRARY_CONTROL = f"{LIBRARY}-open"
 """``closed_loop_callbacks``' loops, each replaced by its open-loop control at the call's dose (after the call, same
 seeds, :func:`library_open_arm`; with ``--dose_from``, at a file's): the same transformations and cases at random,
 to tell what detection adds."""
-ARMS = ("plain", *STANDARD, *REFERENCES, *LOOPS, *CONTROLS, LIBRARY, LIBRARY_CONTROL)
+LIBRARY_FILL = f"{LIBRARY}-fill"
+"""The call with its detection setting the dose and random cases filling it, in one run (:func:`library_fill`): its
+detectors measure and deposit as the call's do, but each deposit is as many random cases of the control's
+generators, and the robustness guide applies its strength evenly over classes and properties."""
+CALLS = (LIBRARY, LIBRARY_CONTROL, LIBRARY_FILL)
+"""The arms made from the call, each with its noise, its one replay and its ``KeepOriginals``."""
+ARMS = ("plain", *STANDARD, *REFERENCES, *LOOPS, *CONTROLS, *CALLS)
 DOSE_FROM: list[tuple[str, dict[int, dict[str, Any]]]] = []
 """``--dose_from FILE``: ``(FILE's name, {seed: its dose})``, which ``closed_loop_callbacks-open`` follows in each
 seed in place of the dose the call recorded in the same seed (:func:`read_doses`). Empty: the call's (it runs
@@ -1007,13 +1104,15 @@ def make_arm(arm_name: str, setting: Setting, seed: int, doses: dict[str, Any]) 
         return Arm([], augment=STANDARD[arm_name]())
     if arm_name in REFERENCES:
         return Arm([], augment=REFERENCES[arm_name](seed))
-    if arm_name == LIBRARY:  # the validation batches' third field holds the scenes' masks
+    if arm_name in (LIBRARY, LIBRARY_FILL):  # the validation batches' third field holds the scenes' masks
         if ON:
-            raise SystemExit(f"--on: {LIBRARY} brings its own noise under the loops; leave --on out")
+            raise SystemExit(f"--on: {arm_name} brings its own noise under the loops; leave --on out")
         properties = robustness_properties() if LIBRARY_PROPERTIES else None  # None: the call's own default
         masks = 2 if setting.val_masks is not None else None
         callbacks = closed_loop_callbacks(masks=masks, properties=properties, seed=seed, **OPTIONS["call"])
-        dose = LibraryDose(callbacks)
+        dose = LibraryDose(callbacks)  # what the detectors deposit: the fill's cases are as many
+        if arm_name == LIBRARY_FILL:
+            callbacks = library_fill(callbacks, setting, seed)
         return Arm([*callbacks, dose], dose=dose)
     if arm_name == LIBRARY_CONTROL:
         if DOSE_FROM:  # a dose from a file (--dose_from), written once or per seed: no call's detection in this run
@@ -1105,7 +1204,7 @@ def fit(
         record["dose"] = {"origins": cases, "strength": guide.applied, "padding_p": float(padding.p)}
     elif controls and arm.dose is None:  # a control; a loop's own OpenLoop (--combine padding) has no dose to give
         record["dose"] = {"deposits": controls[0].deposited, "strength": controls[0].applied}
-    if arm_name in (LIBRARY, LIBRARY_CONTROL):  # its KeepOriginals' rows, as anchor.py records its own keeper's
+    if arm_name in CALLS:  # its KeepOriginals' rows, as anchor.py records its own keeper's
         record["anchored"] = next(c for c in arm.callbacks if isinstance(c, KeepOriginals)).appended
     replays = [c for c in arm.callbacks if isinstance(c, FailureReplay)]
     if replays:
@@ -1161,11 +1260,11 @@ def given_options(arm_name: str, setting: Setting) -> dict[str, Any]:
     if loop == LIBRARY:
         presets = list(LIBRARY_PROPERTIES or ROBUSTNESS_PRESETS)
         given = {} if presets == HISTORIC_LIBRARY_PRESETS else {"properties": presets}
-        if variant and CONTROL_DRAWS[0] != "loop":  # the control's guides draw from the global RNG
+        if variant == "open" and CONTROL_DRAWS[0] != "loop":  # the control's guides draw from the global RNG
             given["control_draws"] = CONTROL_DRAWS[0]
         if OPTIONS["call"]:
             given["call"] = json.loads(json.dumps(dict(sorted(OPTIONS["call"].items()))))
-        if variant and DOSE_FROM:  # the control followed a dose file, not the call's run: never paired with it
+        if variant == "open" and DOSE_FROM:  # the control followed a dose file, not the call's: never paired with it
             given["dose_from"] = DOSE_FROM[0][0]
         return given
     if loop == "dlguard":
@@ -1321,10 +1420,12 @@ def comparisons(results: dict[str, list[dict]]) -> list[tuple[str, str, list[tup
             pairs.append((hda, "plain", [("pgd", 1)]))
     standard = [arm for arm in STANDARD if results.get(arm)]
     best = max(standard, key=lambda arm: mean(r["mCA"] for r in results[arm])) if standard else None
-    for together in [arm for arm in results if _base(arm) in ("dlguard", LIBRARY) and results[arm]]:
-        for control in [arm for arm in results if _base(arm) == LIBRARY_CONTROL and results[arm]]:
-            if _base(together) == LIBRARY and _variant(results[control]) == _variant(results[together]):
-                pairs.append((together, control, [("mCA", 1), ("clean", 1), ("pgd", 1)]))  # what detection adds
+    # the call against its control (what detection adds), the fill against the call (random cases in its place)
+    against = {LIBRARY: LIBRARY_CONTROL, LIBRARY_FILL: LIBRARY}
+    for together in [arm for arm in results if _base(arm) in ("dlguard", LIBRARY, LIBRARY_FILL) and results[arm]]:
+        for control in [arm for arm in results if _base(arm) == against.get(_base(together)) and results[arm]]:
+            if _variant(results[control]) == _variant(results[together]):
+                pairs.append((together, control, [("mCA", 1), ("clean", 1), ("pgd", 1)]))
         if best:
             pairs.append((together, best, [("mCA", 1), ("pgd", 1)]))
         under = {run["on"] for run in results[together] if "on" in run}

@@ -6,6 +6,7 @@ import inspect
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import lightning as L
@@ -495,3 +496,114 @@ def test_a_dose_with_relevancy_cases_is_refused_on_a_setting_without_masks(monke
     assert cl.arms_for(scenes, [cl.LIBRARY_CONTROL], []) == [cl.LIBRARY_CONTROL]
     monkeypatch.setattr(cl, "DOSE_FROM", [("none.json", {0: {**GOOD_DOSE, "origins": {"relevancy": {"1": 0}}}})])
     assert cl.arms_for(digits, [cl.LIBRARY_CONTROL], []) == [cl.LIBRARY_CONTROL]  # no case to deposit: runs
+
+
+def _distinct_scenes() -> cl.Setting:
+    """Twenty validation scenes, each one grey level (0.2 to 0.77) with label ``row % 10``, and square objects."""
+    levels = 0.2 + 0.03 * torch.arange(20.0)
+    pictures, labels = levels.view(20, 1, 1, 1).expand(20, 3, 32, 32).clone(), torch.arange(20) % 10
+    masks = torch.zeros(20, 32, 32, dtype=torch.bool)
+    masks[:, 8:24, 8:24] = True
+    split = (pictures, labels)
+    return cl.Setting(split, split, split, cl.resnet18_cifar, val_masks=masks)
+
+
+def test_the_fill_deposits_as_many_random_cases_as_each_detector_found_with_their_true_labels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``closed_loop_callbacks-fill``: a detector's deposit of ``n`` failures becomes ``n`` cases of its control's
+    generator on random validation rows, labelled as those rows are, drawn without moving training's RNG; the dose
+    records the detector's count; the arm is labelled as the call is."""
+    scenes = _distinct_scenes()
+    arm = cl.make_arm(cl.LIBRARY_FILL, scenes, 3, {})
+    call = cl.make_arm(cl.LIBRARY, scenes, 3, {})
+    assert [type(c).__name__ for c in arm.callbacks] == [*(type(c).__name__ for c in call.callbacks[:-1]),
+                                                         "RandomFill", "LibraryDose"]  # fmt: skip
+    assert cl.given_options(cl.LIBRARY_FILL, scenes) == cl.given_options(cl.LIBRARY, scenes)
+    monkeypatch.setattr(cl, "CONTROL_DRAWS", ["global"])  # a control's flag: the fill's guide is the call's own
+    assert cl.given_options(cl.LIBRARY_FILL, scenes) == cl.given_options(cl.LIBRARY, scenes)
+    found = {type(c).__name__: c for c in arm.callbacks}
+    bank, radius = found["FailureReplay"].bank, found["HDACallback"].radius
+    arm.dose.on_validation_epoch_start(SimpleNamespace(current_epoch=2), None)  # type: ignore[arg-type]
+    state = torch.get_rng_state()
+    planted = torch.zeros(7, 3, 32, 32), torch.full((7,), 9)  # what a detector found: black, all labelled 9
+    for origin in ("hda", "robustness", "metamorphic", "relevancy"):
+        bank.add(*planted, origin=origin)
+    assert torch.equal(torch.get_rng_state(), state)  # the cases drew from their own generators
+    assert arm.dose.record()["origins"] == {o: {"2": 7} for o in ("hda", "robustness", "metamorphic", "relevancy")}
+    levels = scenes.val[0][:, 0, 0, 0]
+    for origin in ("hda", "robustness", "metamorphic"):
+        cases, labels = bank.inputs(origin), bank.labels(origin)
+        assert len(labels) == 7 and cases.amax() > 0, origin  # not the planted failures
+        if origin == "hda":  # uniform noise in the radius ball around a validation row, with that row's label
+            rows = (cases.mean((1, 2, 3))[:, None] - levels).abs().argmin(1)
+            assert ((cases - levels[rows].view(-1, 1, 1, 1)).abs() <= radius + 1e-6).all()
+            assert torch.equal(labels, scenes.val[1][rows])
+        assert set(labels.tolist()) <= set(range(10)) and (labels != 9).any(), origin
+    assert len(bank.labels("relevancy")) == 7
+    cases = bank.inputs("relevancy")  # the object's grey level inside the square, a fresh background outside
+    rows = (cases[:, :, 8:24, 8:24].mean((1, 2, 3))[:, None] - levels).abs().argmin(1)
+    assert torch.equal(bank.labels("relevancy"), scenes.val[1][rows])
+    assert not torch.equal(cases[:, :, :8], torch.zeros_like(cases[:, :, :8]))
+
+
+def test_the_fill_s_robustness_guide_applies_its_strength_evenly() -> None:
+    """Its proposal's mean in every cell, so every class and property is transformed at the strength detection set."""
+    guide = next(c for c in cl.make_arm(cl.LIBRARY_FILL, _distinct_scenes(), 0, {}).callbacks
+                 if isinstance(c, cl.RobustnessCallback)).guide  # fmt: skip
+    proposal = torch.rand(10, len(guide.properties)) * torch.arange(1.0, 11.0)[:, None] / 10  # class by class
+    reference = cl.ErrorGuidedAugmentation(guide.properties, strength=guide.strength)
+    reference.set_proposal(proposal)
+    guide.set_proposal(proposal)
+    assert torch.allclose(guide.proposal, torch.full_like(guide.proposal, float(reference.proposal.mean())))
+    assert cl.guide_p(guide) == pytest.approx(cl.guide_p(reference))
+    with pytest.raises(ValueError):  # the cells' own checks still run
+        guide.set_proposal(torch.full((10, len(guide.properties)), float("nan")))
+
+
+def test_the_fill_is_paired_with_the_call_seed_by_seed() -> None:
+    results = {
+        cl.LIBRARY: [{"seed": 3, "clean": 0.97, "pgd": 0.44, "mCA": 0.86}],
+        cl.LIBRARY_FILL: [{"seed": 3, "clean": 0.98, "pgd": 0.47, "mCA": 0.87}],
+    }
+    assert "| closed_loop_callbacks-fill − closed_loop_callbacks | pgd | +0.030 ± nan | 1 of 1 |" in cl.paired(results)
+    assert not any("closed_loop_callbacks − closed_loop_callbacks-fill" in line for line in cl.paired(results))
+
+
+@pytest.mark.slow
+def test_a_fit_of_the_fill_replays_random_cases_as_many_as_its_detectors_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A short fit of the fill on small spurious scenes: its detectors find failures, the bank holds as many cases
+    per origin (the newest ``capacity``), none of them a failure a detector found, and the guide's table is even."""
+    from dlguard.zoo import mnist_b
+
+    digits, labels, train_rows, val_rows, _ = cl._split()
+    train, val = (cl.make_scenes(digits[rows], labels[rows], spurious=1.0, seed=i)
+                  for i, rows in enumerate((train_rows[:600], val_rows[:200])))  # fmt: skip
+    small = cl.Setting((train.images, train.labels), (val.images, val.labels), (val.images[:50], val.labels[:50]),
+                       lambda: mnist_b(in_channels=3, input_size=32), val_masks=val.masks)  # fmt: skip
+    failures: list[torch.Tensor] = []  # what the detectors hand the bank, before the fill replaces it
+    fill = cl.library_fill
+
+    def spied(call: list, setting: cl.Setting, seed: int) -> list:
+        callbacks = fill(call, setting, seed)
+        bank = next(c for c in callbacks if isinstance(c, cl.FailureReplay)).bank
+        filled = bank.add
+        bank.add = lambda inputs, labels, origin: failures.append(inputs.clone()) or filled(inputs, labels, origin)
+        return callbacks
+
+    monkeypatch.setattr(cl, "library_fill", spied)
+    kept: list = []
+    _, record = cl.fit(cl.LIBRARY_FILL, small, 0, 4, {}, keep=kept)
+    origins = record["dose"]["origins"]
+    assert sum(n for counts in origins.values() for n in counts.values()) == sum(map(len, failures)) > 0
+    assert record["replayed"] > 0 and record["options"] == cl.given_options(cl.LIBRARY, small)
+    callbacks = {type(c).__name__: c for c in kept[0].callbacks}
+    bank = callbacks["FailureReplay"].bank
+    for origin, counts in origins.items():
+        assert len(bank.labels(origin)) == min(bank.capacity, sum(counts.values())), origin
+    found = torch.cat(failures).flatten(1)
+    for origin in bank.origins():  # random cases, not the detectors' failures: noise and fresh backgrounds never
+        same = (torch.cdist(bank.inputs(origin).flatten(1), found) < 1e-4).any(1).float().mean()  # are one, a
+        assert same < (0.1 if origin in ("robustness", "metamorphic") else 1e-9), (origin, same)  # transform seldom
+    proposal = callbacks["RobustnessCallback"].guide.proposal
+    assert proposal.numel() and torch.allclose(proposal, proposal.mean().expand_as(proposal))
