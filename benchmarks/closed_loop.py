@@ -73,6 +73,11 @@ to the training batches differs:
   (a dose written once, as a user without detection would have to; its label names the file, so it is not paired
   with the call of its seed automatically, though ``--pair`` can), or, where ``FILE`` holds one dose per seed
   (``{"seeds": {"3": dose, ...}}``), each seed's own: the control at the doses a call recorded, rerun without it;
+- ``closed_loop_callbacks-fill``, detection sets the dose and random fills it, in one run: the call as it is, its
+  detectors measuring and depositing as the call's do, but each deposit of ``n`` failures replaced by ``n`` cases
+  of the control's generators on random validation rows, with their true labels, and its robustness guide's
+  strength applied evenly over classes and properties; D-Score's padding is the call's. Labelled as the call,
+  paired with it seed by seed (it needs no call run: its detectors set its dose);
 - each loop's open-loop control, ``<loop>-open``: the same generator's test cases, *not* chosen by
   detection, at the same dose. The loop's run is recorded -- how many failures it deposited at
   which validation, its replay fraction, its guide's strength in each epoch -- and the control
@@ -508,8 +513,8 @@ def random_cases(
 ) -> tuple[Tensor, Tensor]:
     """``count`` cases of ``generate`` made from random rows of ``source``, with the rows' true labels.
 
-    The rows come from ``generator``, and so does the seed of ``generate``'s own draws, which leave the global RNG
-    as they found it: training's RNG goes on as in a run without them.
+    The rows come from ``generator``, and so does the seed of ``generate``'s own draws, which leave the global CPU
+    RNG as they found it: training's RNG goes on as in a run without them (the generators run on the CPU split).
     """
     inputs, labels = source
     rows = random_rows(generator, len(labels), count)
@@ -746,6 +751,11 @@ def open_arm(name: str, setting: Setting, seed: int, dose: dict[str, Any]) -> Ar
     return Arm([control, FailureReplay(bank=bank, seed=seed, **OPTIONS["replay"])])
 
 
+STAND_IN_SEEDS = {"robustness": 1, "hda": 2, "metamorphic": 3, "relevancy": 4}
+"""Each detector's stand-in's seed, over the run's: the call's control's and the fill's cases of one origin draw
+rows from the same generator."""
+
+
 def library_open_arm(setting: Setting, seed: int, dose: dict[str, Any]) -> Arm:
     """``closed_loop_callbacks``' open-loop control: every loop of the call replaced by its control, at its dose.
 
@@ -772,17 +782,19 @@ def library_open_arm(setting: Setting, seed: int, dose: dict[str, Any]) -> Arm:
         OpenLoop(setting.val, None, {}, None, guide=ScoreGuidedPadding(p=rms, padding_mode=padding_mode), seed=seed,
                  twin=_twin(DScoreCallback)),
         OpenLoop(setting.val, random_properties(robustness), origins.get("robustness", {}), replay.bank,
-                 guide=ErrorGuidedAugmentation(robustness, strength=1.0), strength=dose["strength"], seed=seed + 1,
+                 guide=ErrorGuidedAugmentation(robustness, strength=1.0), strength=dose["strength"],
+                 seed=seed + STAND_IN_SEEDS["robustness"],
                  twin=_twin(RobustnessCallback), origin="robustness", twin_seed=seed),
         OpenLoop(setting.val, ball_noise(found[HDACallback].radius), origins.get("hda", {}), replay.bank,
-                 seed=seed + 2, origin="hda"),
+                 seed=seed + STAND_IN_SEEDS["hda"], origin="hda"),
         OpenLoop(setting.val, random_properties(found[MetamorphicCallback].properties), origins.get("metamorphic", {}),
-                 replay.bank, seed=seed + 3, origin="metamorphic"),
+                 replay.bank, seed=seed + STAND_IN_SEEDS["metamorphic"], origin="metamorphic"),
     ]  # fmt: skip
     if masks is not None:
         fresh = max(1, found[ObjectRelevancyCallback].fresh_backgrounds)
-        controls.append(RelevancyOpenLoop(setting.val, setting.val_masks, origins.get("relevancy", {}), replay.bank,
-                                          fresh, seed=seed + 4, origin="relevancy"))  # fmt: skip
+        relevancy = origins.get("relevancy", {})
+        controls.append(RelevancyOpenLoop(setting.val, setting.val_masks, relevancy, replay.bank, fresh,
+                                          seed=seed + STAND_IN_SEEDS["relevancy"], origin="relevancy"))  # fmt: skip
     before = [c for c in call if not isinstance(c, (FailureReplay, KeepOriginals)) and type(c) not in LOOP_TYPES]
     return Arm([*before, *controls, replay, found[KeepOriginals]])
 
@@ -806,6 +818,8 @@ class RandomFill(L.Callback):
         add = bank.add
 
         def filled(inputs: Tensor, labels: Tensor, origin: str) -> None:
+            if not len(labels):  # a measurement that found nothing: nothing to fill, no draw (a control skips it too)
+                return add(inputs, labels, origin)
             add(*self.makers[origin](len(labels), self.generators[origin], self.model), origin)
 
         bank.add = filled  # type: ignore[method-assign]
@@ -850,7 +864,7 @@ def library_fill(call: list[L.Callback], setting: Setting, seed: int) -> list[L.
         makers["relevancy"] = lambda count, generator, model: random_scenes(
             source, setting.val_masks, fresh, count, generator
         )
-    seeds = {origin: seed + offset for offset, origin in enumerate(DOSE_ORIGINS, start=1)}
+    seeds = {origin: seed + offset for origin, offset in STAND_IN_SEEDS.items()}
     return [*call, RandomFill(found[FailureReplay].bank, makers, seeds)]
 
 

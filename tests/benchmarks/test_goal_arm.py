@@ -520,8 +520,11 @@ def test_the_fill_deposits_as_many_random_cases_as_each_detector_found_with_thei
     assert [type(c).__name__ for c in arm.callbacks] == [*(type(c).__name__ for c in call.callbacks[:-1]),
                                                          "RandomFill", "LibraryDose"]  # fmt: skip
     assert cl.given_options(cl.LIBRARY_FILL, scenes) == cl.given_options(cl.LIBRARY, scenes)
-    monkeypatch.setattr(cl, "CONTROL_DRAWS", ["global"])  # a control's flag: the fill's guide is the call's own
+    monkeypatch.setattr(cl, "CONTROL_DRAWS", ["global"])  # a control's flags: the fill's guide is the call's own,
+    monkeypatch.setattr(cl, "DOSE_FROM", [("doses.json", {})])  # and its dose its detectors'
     assert cl.given_options(cl.LIBRARY_FILL, scenes) == cl.given_options(cl.LIBRARY, scenes)
+    assert cl.given_options(cl.LIBRARY_CONTROL, scenes)["dose_from"] == "doses.json"
+    monkeypatch.setattr(cl, "DOSE_FROM", [])
     found = {type(c).__name__: c for c in arm.callbacks}
     bank, radius = found["FailureReplay"].bank, found["HDACallback"].radius
     arm.dose.on_validation_epoch_start(SimpleNamespace(current_epoch=2), None)  # type: ignore[arg-type]
@@ -568,6 +571,11 @@ def test_the_fill_is_paired_with_the_call_seed_by_seed() -> None:
     }
     assert "| closed_loop_callbacks-fill − closed_loop_callbacks | pgd | +0.030 ± nan | 1 of 1 |" in cl.paired(results)
     assert not any("closed_loop_callbacks − closed_loop_callbacks-fill" in line for line in cl.paired(results))
+    results[cl.LIBRARY_CONTROL] = [
+        {"seed": 3, "clean": 0.98, "pgd": 0.49, "mCA": 0.87}
+    ]  # the call's pair, not the fill's
+    assert not any("closed_loop_callbacks-fill − closed_loop_callbacks-open" in line for line in cl.paired(results))
+    assert any("closed_loop_callbacks − closed_loop_callbacks-open" in line for line in cl.paired(results))
 
 
 @pytest.mark.slow
@@ -607,3 +615,27 @@ def test_a_fit_of_the_fill_replays_random_cases_as_many_as_its_detectors_found(m
         assert same < (0.1 if origin in ("robustness", "metamorphic") else 1e-9), (origin, same)  # transform seldom
     proposal = callbacks["RobustnessCallback"].guide.proposal
     assert proposal.numel() and torch.allclose(proposal, proposal.mean().expand_as(proposal))
+
+
+def test_the_fill_draws_the_cases_the_call_s_control_draws_at_the_same_count() -> None:
+    """At one validation, ``n`` failures of an origin become exactly the ``n`` cases the control's stand-in of that
+    detector deposits at a dose of ``n`` there (the same generator, the same row seed); a measurement that found
+    nothing is passed on as it is, and draws nothing."""
+    scenes = _distinct_scenes()
+    origins = ("robustness", "hda", "metamorphic", "relevancy")
+    fill = cl.make_arm(cl.LIBRARY_FILL, scenes, 5, {})
+    bank = next(c for c in fill.callbacks if isinstance(c, cl.FailureReplay)).bank
+    randomly = next(c for c in fill.callbacks if isinstance(c, cl.RandomFill))
+    drawn = {origin: generator.get_state() for origin, generator in randomly.generators.items()}
+    for origin in origins:
+        bank.add(torch.zeros(0, 3, 32, 32), torch.zeros(0, dtype=torch.long), origin=origin)
+    assert all(torch.equal(randomly.generators[o].get_state(), drawn[o]) for o in origins)  # nothing drawn
+    assert len(bank) == 0
+    dose = {"origins": {o: {"2": 6} for o in origins}, "strength": [0.0] * 3, "guides": {"dscore": [0.0] * 3}}
+    control = cl.make_arm(cl.LIBRARY_CONTROL, scenes, 5, {cl.LIBRARY: dose})
+    validation = SimpleNamespace(current_epoch=2, sanity_checking=False)
+    for stand_in in [c for c in control.callbacks if isinstance(c, cl.OpenLoop) and c.bank is not None]:
+        stand_in.on_validation_epoch_end(validation, None)  # type: ignore[arg-type]
+        bank.add(torch.zeros(6, 3, 32, 32), torch.full((6,), 9), origin=stand_in.origin)
+        assert torch.equal(bank.inputs(stand_in.origin), stand_in.bank.inputs(stand_in.origin)), stand_in.origin
+        assert torch.equal(bank.labels(stand_in.origin), stand_in.bank.labels(stand_in.origin)), stand_in.origin
