@@ -113,7 +113,8 @@ mCA, FGSM, PGD and ``shuffled``, without the detectors' measures). Mean ± stand
 
 A second table compares seed by seed, since every arm of a seed shares the split, the initial weights
 and the first epoch's shuffle (a loop and its control every shuffle): each loop against its controls
-(on mCA and on its own measure), HDA against plain training (PGD), and the ``dlguard`` arm against the
+(on mCA and on its own measure), HDA against plain training (PGD), the call against its control and the fill
+against the call (mCA, clean accuracy, PGD), and the ``dlguard`` arm, the call and the fill each against the
 best standard augmentation (mCA, PGD), plain training (clean accuracy, PGD) and ``oracle`` (mCA). A row
 gives the mean of the per-seed differences ± its standard error and the seeds in which the first arm
 did better; a mean within two standard errors of 0 is no difference these seeds can show.
@@ -1247,7 +1248,8 @@ def given_options(arm_name: str, setting: Setting) -> dict[str, Any]:
 
     A loop's are its callback's, its guide's and, where it has one, its bank's and replay's; a control's are
     its loop's (it follows the loop's dose) and, where it has a guide, ``--control_draws`` (the call's control:
-    also ``--dose_from``'s file, whose dose it follows instead); ``dlguard``'s are those of the loops it combines;
+    also ``--dose_from``'s file, whose dose it follows instead; the fill is labelled as the call);
+    ``dlguard``'s are those of the loops it combines;
     ``oracle``'s its own. Plain training and the standard augmentations take
     none. (``--epochs`` changes every arm alike: the record keeps it apart, and :func:`merge` refuses to mix.)
 
@@ -1418,8 +1420,9 @@ OWN_MEASURE = {
 def comparisons(results: dict[str, list[dict]]) -> list[tuple[str, str, list[tuple[str, int]]]]:
     """``(arm, reference, [(measure, direction), ...])`` for the arms in ``results``.
 
-    Each loop against its controls, HDA against plain training under PGD, ``dlguard`` against the standard
-    augmentation of the best mean mCA, against plain training and against training on the judge's corruptions.
+    Each loop against its controls, HDA against plain training under PGD, the call against its control and the
+    fill against the call, and ``dlguard``, the call and the fill each against the standard augmentation of the
+    best mean mCA, against plain training and against training on the judge's corruptions.
     """
     pairs = [  # a loop and the controls that followed its dose: the same flags, the same augmentation under them
         (loop, control, [("mCA", 1), OWN_MEASURE[_base(loop)]])
