@@ -829,27 +829,19 @@ class RandomFill(L.Callback):
         self.model = pl_module
 
 
-def spread_evenly(guide: ErrorGuidedAugmentation) -> None:
-    """Make ``guide`` keep of each proposal its mean in every cell (``SpreadGuide``'s ``even``), its strength kept."""
-    set_proposal = guide.set_proposal
-
-    def even(proposal: Tensor | Any) -> None:
-        set_proposal(proposal)  # the cells' own checks first
-        set_proposal(guide.proposal.mean().expand_as(guide.proposal))
-
-    guide.set_proposal = even  # type: ignore[method-assign]
-
-
 def library_fill(call: list[L.Callback], setting: Setting, seed: int) -> list[L.Callback]:
     """``closed_loop_callbacks-fill``: the call, its detectors setting the dose and random cases filling it.
 
     The call's callbacks as they are, but its bank's deposits are random cases of its control's generators
     (:class:`RandomFill`, the same generators and row seeds as :func:`library_open_arm`'s stand-ins) and its
-    robustness guide's proposal is spread evenly over classes and properties at its mean (the strength the detector
-    set). D-Score's padding is the call's: its ``p`` is one number for every input already.
+    robustness guide is a ``SpreadGuide`` (``--spread even``) of the call's guide's properties and strength: it keeps
+    each proposal's mean in every cell (the strength the detector set), the same for every class and property.
+    D-Score's padding is the call's: its ``p`` is one number for every input already.
     """
     found = {type(c): c for c in call}
-    spread_evenly(found[RobustnessCallback].guide)
+    robustness, guide = found[RobustnessCallback], found[RobustnessCallback].guide
+    assert guide is not None  # the call's robustness loop is guided
+    robustness.guide = SpreadGuide(guide.properties, strength=guide.strength, rows_only=guide.rows_only, spread="even")
     source = setting.val
     makers: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
         origin: functools.partial(random_cases, source, generate)
