@@ -8,7 +8,7 @@
                                      [--violation_guide [KEY=VALUE ...]] [--spread cell|property|even]
                                      [--properties framework|label_preserving|deeptest_roads|capture|exposure ...]
                                      [--control_draws loop|global] [--on augmix|trivialaugment|randaugment|noise]
-                                     [--dose_from FILE] [--judge all|goal]
+                                     [--dose_from FILE] [--control_padding rms|schedule] [--judge all|goal]
     python benchmarks/closed_loop.py --results results.json   # the tables of a file written by --out
     python benchmarks/closed_loop.py --results part1.json part2.json --out merged.json  # one file of several
     bash benchmarks/closed_loop_gpu.sh merged.json --setting scenes   # one process per loop and seed
@@ -73,6 +73,8 @@ to the training batches differs:
   (a dose written once, as a user without detection would have to; its label names the file, so it is not paired
   with the call of its seed automatically, though ``--pair`` can), or, where ``FILE`` holds one dose per seed
   (``{"seeds": {"3": dose, ...}}``), each seed's own: the control at the doses a call recorded, rerun without it;
+  with ``--control_padding schedule`` its padding is the call's, at the call's ``p`` in each epoch (none before the
+  call padded), instead of the root mean square from the first epoch (its label names the flag);
 - ``closed_loop_callbacks-fill``, detection sets the dose and random fills it, in one run: the call as it is, its
   detectors measuring and depositing as the call's do, but each deposit of ``n`` failures replaced by ``n`` cases
   of the control's generators on random validation rows, with their true labels, and its robustness guide's
@@ -442,7 +444,8 @@ class OpenLoop(L.Callback):
 
     At each validation the loop deposited ``n`` failures at, ``n`` random validation inputs go through
     ``generate`` (with their true labels) into ``bank``; ``guide`` (when given) transforms the training
-    batch at ``strength[epoch]``, the same for every class and property. With ``twin``, the class name of
+    batch at ``strength[epoch]``, the same for every class and property (a ``ScoreGuidedPadding`` given a
+    ``strength`` pads at ``p = strength[epoch]``, not at its own ``p`` in every epoch). With ``twin``, the class name of
     the loop's guided callback, the guide draws its random numbers as that callback's guide does
     (``RankGenerator.named(seed, twin)``, one draw per batch seeding the global RNG, which is restored
     after): the loop and its control then share the shuffles and the guide's draws (common random
@@ -478,6 +481,9 @@ class OpenLoop(L.Callback):
             classes = int(self.source[1].max()) + 1
             self.guide.set_proposal(torch.full((classes, len(self.guide.properties)), self._strength(trainer)))
             self.applied.append(guide_p(self.guide))
+        elif isinstance(self.guide, ScoreGuidedPadding) and self.strength:  # a padding on the loop's schedule
+            self.guide.p = self._strength(trainer)
+            self.applied.append(float(self.guide.p))
 
     def _strength(self, trainer: L.Trainer) -> float:
         return self.strength[trainer.current_epoch] if trainer.current_epoch < len(self.strength) else 0.0
@@ -763,7 +769,8 @@ def library_open_arm(setting: Setting, seed: int, dose: dict[str, Any]) -> Arm:
     The call is made afresh and its detectors left out: its noise, its ``FailureReplay`` (on its own, empty bank)
     and its ``KeepOriginals`` stay as they are, in their places. In the detectors' places, in their order: D-Score's
     padding at the root mean square of the ``p`` the call padded at, every epoch from the first (as
-    ``dscore-open``); the robustness loop's properties at random (cases) and, as its guide, at the call's guide's
+    ``dscore-open``; ``--control_padding schedule``: at the ``p`` the call padded at in each epoch, none before
+    the call padded); the robustness loop's properties at random (cases) and, as its guide, at the call's guide's
     strength in each epoch, uniform over classes and properties; HDA's ``radius``-ball noise; the metamorphic
     loop's transformations at random; objects of random validation scenes on fresh backgrounds. Each deposits as
     many cases as its detector did at the same validations, under the detector's origin, so the replay draws
@@ -777,10 +784,12 @@ def library_open_arm(setting: Setting, seed: int, dose: dict[str, Any]) -> Arm:
     origins = dose["origins"]
     strength = dose["guides"]["dscore"]
     rms = math.sqrt(mean(p * p for p in strength)) if strength else 0.0
+    schedule = CONTROL_PADDING[0] == "schedule"  # the call's p in each epoch (0 before it padded), not the rms
     padding_mode = found[DScoreCallback].guide.flags["padding_mode"]
+    padding = ScoreGuidedPadding(p=0.0 if schedule else rms, padding_mode=padding_mode)
     robustness = found[RobustnessCallback].properties
     controls: list[L.Callback] = [
-        OpenLoop(setting.val, None, {}, None, guide=ScoreGuidedPadding(p=rms, padding_mode=padding_mode), seed=seed,
+        OpenLoop(setting.val, None, {}, None, guide=padding, strength=strength if schedule else None, seed=seed,
                  twin=_twin(DScoreCallback)),
         OpenLoop(setting.val, random_properties(robustness), origins.get("robustness", {}), replay.bank,
                  guide=ErrorGuidedAugmentation(robustness, strength=1.0), strength=dose["strength"],
@@ -872,6 +881,11 @@ control applies those transformations at the loop's mean strength, uniformly ove
 SPREADS = ("cell", "property", "even")
 SPREAD: list[str] = ["cell"]
 """What the loops' guides keep of a proposal (``--spread``): ``cell``, ``property`` or ``even``."""
+CONTROL_PADDING: list[str] = ["rms"]
+"""How the call's control pads (``--control_padding``): ``rms``, at the root mean square of the call's ``p`` in
+every epoch from the first (as ``dscore-open``), or ``schedule``, at the call's ``p`` in each epoch (none before
+the call padded): the same padding as the call's, so the control differs from the call in its cases and its guide's
+spread alone."""
 CONTROL_DRAWS: list[str] = ["loop"]
 """Where a control's guide draws its random numbers (``--control_draws``): ``loop``, the loop's guide's own
 stream (common random numbers: the same shuffles and guide draws as the loop's run), or ``global``, the
@@ -1207,8 +1221,10 @@ def fit(
     if arm_name == LIBRARY_CONTROL:  # as the call's LibraryDose records it: each stand-in's deposits, the guides'
         cases = {c.origin: c.deposited for c in controls if c.bank is not None}
         guide = next(c for c in controls if c.origin == "robustness")
-        padding = next(c.guide for c in controls if isinstance(c.guide, ScoreGuidedPadding))
-        record["dose"] = {"origins": cases, "strength": guide.applied, "padding_p": float(padding.p)}
+        padding = next(c for c in controls if isinstance(c.guide, ScoreGuidedPadding))
+        record["dose"] = {"origins": cases, "strength": guide.applied, "padding_p": float(padding.guide.p)}
+        if padding.applied:  # --control_padding schedule: its p in each epoch, as the call's dose holds the call's
+            record["dose"]["guides"] = {"dscore": padding.applied}
     elif controls and arm.dose is None:  # a control; a loop's own OpenLoop (--combine padding) has no dose to give
         record["dose"] = {"deposits": controls[0].deposited, "strength": controls[0].applied}
     if arm_name in CALLS:  # its KeepOriginals' rows, as anchor.py records its own keeper's
@@ -1270,6 +1286,8 @@ def given_options(arm_name: str, setting: Setting) -> dict[str, Any]:
         given = {} if presets == HISTORIC_LIBRARY_PRESETS else {"properties": presets}
         if variant == "open" and CONTROL_DRAWS[0] != "loop":  # the control's guides draw from the global RNG
             given["control_draws"] = CONTROL_DRAWS[0]
+        if variant == "open" and CONTROL_PADDING[0] != "rms":  # the control pads on the call's schedule
+            given["control_padding"] = CONTROL_PADDING[0]
         if OPTIONS["call"]:
             given["call"] = json.loads(json.dumps(dict(sorted(OPTIONS["call"].items()))))
         if variant == "open" and DOSE_FROM:  # the control followed a dose file, not the call's: never paired with it
@@ -1560,6 +1578,11 @@ def main() -> None:
         help="a control's guide draws as its loop's guide does (loop) or from the global RNG (global, runs before it)",
     )  # fmt: skip
     parser.add_argument(
+        "--control_padding", choices=("rms", "schedule"), default="rms",
+        help=f"{LIBRARY_CONTROL} pads at the root mean square of the call's p from the first epoch (rms) or at the "
+        "call's p in each epoch (schedule)",
+    )  # fmt: skip
+    parser.add_argument(
         "--properties", nargs="+", choices=tuple(PROPERTY_PRESETS), default=None,
         help="the robustness loop's property presets (their union; a repeated name keeps the first preset's); "
         f"default framework, for {LIBRARY} the call's own ({' '.join(ROBUSTNESS_PRESETS)})",
@@ -1600,6 +1623,7 @@ def main() -> None:
     COMBINED[:] = args.combine
     SPREAD[:] = [args.spread]
     CONTROL_DRAWS[:] = [args.control_draws]
+    CONTROL_PADDING[:] = [args.control_padding]
     PROPERTIES[:] = args.properties or ["framework"]
     LIBRARY_PROPERTIES[:] = args.properties or []
     JUDGED[:] = [args.judge]

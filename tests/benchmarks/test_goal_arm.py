@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import sys
+import zlib
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,6 +18,8 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import anchor
 import closed_loop as cl  # scripts beside the package, not part of it
 
+from dlguard._own_random import drawing_from
+from dlguard.augment import ScoreGuidedPadding
 from dlguard.callbacks import GaussianNoise, KeepOriginals
 from dlguard.data import FailureBank
 from tests.test_readme import BLOCKS
@@ -230,6 +233,40 @@ def test_the_library_control_keeps_the_call_s_noise_replay_and_keeper_and_replac
     for stand_in, guided in ((padding, "DScoreCallback"), (robustness, "RobustnessCallback")):
         assert stand_in.draws.seed == call[guided]._guide_random.seed, guided
     assert cl.given_options(cl.LIBRARY_CONTROL, scenes) == cl.given_options(cl.LIBRARY, scenes)  # labelled alike
+
+
+def test_under_control_padding_schedule_the_library_control_pads_at_the_call_s_p_epoch_by_epoch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--control_padding schedule``: the control's padding is the call's, no padding (and no draw) before the call
+    padded, then each epoch's ``p``, drawn from D-Score's guide's stream as the call's guide draws it; the label names
+    the flag, and the default keeps the root mean square from the first epoch under the label it had."""
+    split = (torch.rand(20, 3, 32, 32), torch.arange(20) % 10)
+    scenes = cl.Setting(split, split, split, cl.resnet18_cifar, val_masks=torch.ones(20, 32, 32))
+    dose = {"origins": {}, "strength": [0.0] * 4, "guides": {"dscore": [0.0, 0.0, 0.3, 0.6]}}
+    default = cl.given_options(cl.LIBRARY_CONTROL, scenes)
+    rms = cl.make_arm(cl.LIBRARY_CONTROL, scenes, 4, {cl.LIBRARY: dose}).callbacks[1]
+    assert rms.guide.p == pytest.approx(((0.3**2 + 0.6**2) / 4) ** 0.5) and rms.strength == []
+    monkeypatch.setattr(cl, "CONTROL_PADDING", ["schedule"])
+    assert cl.given_options(cl.LIBRARY_CONTROL, scenes) == {**default, "control_padding": "schedule"}
+    assert "control_padding" not in cl.given_options(cl.LIBRARY, scenes)  # the call pads as it pads
+    padding = cl.make_arm(cl.LIBRARY_CONTROL, scenes, 4, {cl.LIBRARY: dose}).callbacks[1]
+    # the call's guide's stream, written out: seed + crc32 of the callback's name, one draw per padded batch
+    stream = torch.Generator().manual_seed(4 + zlib.crc32(b"DScoreCallback"))
+    images, labels = torch.rand(32, 3, 32, 32), torch.arange(32) % 10
+    for epoch, p in enumerate([0.0, 0.0, 0.3, 0.6]):
+        trainer = SimpleNamespace(current_epoch=epoch)
+        padding.on_train_epoch_start(trainer, None)
+        assert padding.guide.p == pytest.approx(p)
+        batch = [images.clone(), labels]
+        padding.on_train_batch_start(trainer, None, batch, 0)
+        if p == 0:
+            assert torch.equal(batch[0], images)  # unpadded, as the call trains before its first measurement
+            continue
+        with drawing_from(stream):
+            expected = ScoreGuidedPadding(p=p, padding_mode="reflection")(images)
+        assert torch.equal(batch[0], expected) and not torch.equal(batch[0], images)
+    assert padding.applied == [0.0, 0.0, 0.3, 0.6]  # recorded as the call's dose holds its p
 
 
 def test_the_library_control_s_label_names_draws_from_the_global_rng(monkeypatch: pytest.MonkeyPatch) -> None:
