@@ -1256,7 +1256,8 @@ def given_options(arm_name: str, setting: Setting) -> dict[str, Any]:
 
     A loop's are its callback's, its guide's and, where it has one, its bank's and replay's; a control's are
     its loop's (it follows the loop's dose) and, where it has a guide, ``--control_draws`` (the call's control:
-    also ``--dose_from``'s file, whose dose it follows instead; the fill is labelled as the call);
+    also ``--control_padding schedule`` and ``--dose_from``'s file, whose dose it follows instead; the fill is
+    labelled as the call);
     ``dlguard``'s are those of the loops it combines;
     ``oracle``'s its own. Plain training and the standard augmentations take
     none. (``--epochs`` changes every arm alike: the record keeps it apart, and :func:`merge` refuses to mix.)
@@ -1642,6 +1643,8 @@ def main() -> None:
     DOSE_FROM[:] = [] if dose_from is None else [(dose_from.name, read_doses(dose_from, args.epochs, args.seeds))]
     if DOSE_FROM and args.arms is not None and LIBRARY_CONTROL not in args.arms:
         raise SystemExit(f"--dose_from: only {LIBRARY_CONTROL} follows a dose file; name it in --arms")
+    if CONTROL_PADDING != ["rms"] and args.arms is not None and LIBRARY_CONTROL not in args.arms:
+        raise SystemExit(f"--control_padding: only {LIBRARY_CONTROL} pads on the call's schedule; name it in --arms")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     setting = SETTINGS[args.setting]()

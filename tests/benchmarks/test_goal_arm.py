@@ -245,6 +245,7 @@ def test_under_control_padding_schedule_the_library_control_pads_at_the_call_s_p
     scenes = cl.Setting(split, split, split, cl.resnet18_cifar, val_masks=torch.ones(20, 32, 32))
     dose = {"origins": {}, "strength": [0.0] * 4, "guides": {"dscore": [0.0, 0.0, 0.3, 0.6]}}
     default = cl.given_options(cl.LIBRARY_CONTROL, scenes)
+    assert "control_padding" not in default  # the default's label is the one its records have
     rms = cl.make_arm(cl.LIBRARY_CONTROL, scenes, 4, {cl.LIBRARY: dose}).callbacks[1]
     assert rms.guide.p == pytest.approx(((0.3**2 + 0.6**2) / 4) ** 0.5) and rms.strength == []
     monkeypatch.setattr(cl, "CONTROL_PADDING", ["schedule"])
@@ -497,19 +498,21 @@ def test_a_control_at_each_seed_s_recorded_dose_follows_the_call_s_records(tmp_p
 def test_a_dose_file_the_run_cannot_follow_stops_the_benchmark_before_any_data(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Refused before a setting is built: no control among the arms, a missing file, a dose for other epochs, and a
-    dose file given to ``--results``, which fits nothing."""
+    """Refused before a setting is built: no control among the arms (of a dose file, or of the call's padding
+    schedule), a missing file, a dose for other epochs, and a dose file given to ``--results``, which fits nothing."""
     path = _dose_file(tmp_path, GOOD_DOSE)
     per_seed = tmp_path / "per_seed.json"
     per_seed.write_text(json.dumps({"seeds": {"3": GOOD_DOSE, "4": GOOD_DOSE}}))
     monkeypatch.setattr(cl, "SETTINGS", {name: pytest.fail for name in cl.SETTINGS})  # no setting may be built
-    for name in ("DOSE_FROM", "COMBINED", "SPREAD", "CONTROL_DRAWS", "PROPERTIES", "LIBRARY_PROPERTIES", "JUDGED",
-                 "ON", "VIOLATION_GUIDE"):  # fmt: skip
+    for name in ("DOSE_FROM", "COMBINED", "SPREAD", "CONTROL_DRAWS", "CONTROL_PADDING", "PROPERTIES",
+                 "LIBRARY_PROPERTIES", "JUDGED", "ON", "VIOLATION_GUIDE"):  # fmt: skip
         monkeypatch.setattr(cl, name, list(getattr(cl, name)))  # main sets them in place: restored after the test
     monkeypatch.setattr(cl, "OPTIONS", {name: {} for name in cl.OPTIONS})
     for argv, message in [
         (["--setting", "scenes", "--arms", "plain", "--epochs", "2", "--dose_from", path],
          "--dose_from: only closed_loop_callbacks-open follows a dose file"),
+        (["--setting", "scenes", "--arms", "closed_loop_callbacks", "--control_padding", "schedule"],
+         "--control_padding: only closed_loop_callbacks-open pads on the call's schedule"),
         (["--dose_from", tmp_path / "missing.json"], r"--dose_from: cannot read a dose from .*missing\.json"),
         (["--dose_from", path], r"strength must be a list of 6 probabilities .* \(--epochs 6\)"),  # the default 6
         (["--results", path, "--dose_from", path], "--dose_from: a fit's flag; --results only reads"),
